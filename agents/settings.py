@@ -1,0 +1,49 @@
+"""Settings of the agents layer: embedded engine, engine client, scaffold, rollout worker."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EngineSettings(Frozen):
+    """The embedded torch engine (SGLang's HTTP contract)."""
+
+    host: str = "127.0.0.1"
+    port: int = 30000
+    context_length: int = Field(default=65536, description="engine-side context cap")
+    max_running_requests: int = 64
+    max_queued_requests: int = 4096
+    kv_cache_tokens: int = Field(default=262144, description="tokens of KV cache across running requests")
+    seed: int = 0
+
+
+class ClientSettings(Frozen):
+    """The engine client: routing, pool and retries. No hidden caps."""
+
+    urls: tuple[str, ...] = ("http://127.0.0.1:30000",)
+    max_connections: int = Field(default=4096, description="HTTP connection pool size")
+    max_in_flight: int = Field(default=4096, description="requests in flight across engines")
+    timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+    retries: int = 3
+    retry_backoff_s: float = 0.5
+
+
+class AgentSettings(Frozen):
+    """The bash scaffold (mini-swe-agent style)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_format_errors: int = 3
+    submit_command: str = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+
+
+class RolloutSettings(Frozen):
+    concurrency: int = 384
+    consumer_group: str = "rollstream-rollout"
+    request_poll_ms: int = 200

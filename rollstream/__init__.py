@@ -1,0 +1,1 @@
+"""Rollstream's composition root: the CLI, the one TOML config, the local launcher and reports."""

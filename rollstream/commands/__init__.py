@@ -1,0 +1,1 @@
+"""One module per CLI area; each exposes `app` (sub-app) or `command`."""

@@ -1,0 +1,35 @@
+"""What every command shares: the `--config`/`--set` options and error reporting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from rollstream.config import Config, ConfigError, load_config
+
+console = Console()
+err_console = Console(stderr=True)
+
+ConfigPath = Annotated[
+    Path | None, typer.Option("--config", "-c", help="TOML config file (default: ./rollstream.toml)")
+]
+Overrides = Annotated[
+    list[str] | None, typer.Option("--set", "-s", help="override a setting, e.g. policy.max_turns=40")
+]
+
+
+def read_config(path: Path | None, overrides: list[str] | None) -> Config:
+    """The effective config, or a clear error and exit code 2."""
+    try:
+        return load_config(path, overrides or [])
+    except ConfigError as error:
+        fail(str(error), code=2)
+        raise  # unreachable; keeps type checkers honest
+
+
+def fail(message: str, code: int = 1) -> None:
+    err_console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)

@@ -1,0 +1,155 @@
+"""The one config: `rollstream.toml` (every key optional) read into typed, frozen models.
+
+Each layer owns its settings models (`streams.settings`, `sandboxes.settings`,
+`agents.settings`, `trainer.settings`); this module composes them, reads the TOML
+file, applies `--set section.key=value` overrides (values parsed as TOML, so
+`policy.max_turns=40` is an int) and reports mistakes with the key at fault.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agents.settings import AgentSettings, ClientSettings, EngineSettings, RolloutSettings
+from sandboxes.settings import SandboxSettings, TaskSettings
+from streams.settings import (
+    KafkaSettings,
+    PolicySettings,
+    StoreSettings,
+    StreamWorkerSettings,
+    TopicSettings,
+)
+from trainer.settings import ModelSettings
+
+DEFAULT_CONFIG_FILE = Path("rollstream.toml")
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RunSettings(Frozen):
+    name: str = Field(default="", description="run id; empty = generated at submit time")
+    state_dir: str = ".rollstream"
+
+
+class BrokerSettings(Frozen):
+    """The local Kafka broker started by `rollstream kafka up`."""
+
+    version: str = "4.1.1"
+    port: int = 19092
+    controller_port: int = 19093
+    heap_mb: int = 512
+    cluster_ports: tuple[int, int, int] = (19192, 19292, 19392)
+    startup_timeout_s: float = 120.0
+
+
+class PostgresSettings(Frozen):
+    """The local PostgreSQL server started by `rollstream postgres up`."""
+
+    port: int = 15432
+    user: str = "rollstream"
+    database: str = "rollstream"
+
+
+class Config(Frozen):
+    run: RunSettings = RunSettings()
+    kafka: KafkaSettings = KafkaSettings()
+    broker: BrokerSettings = BrokerSettings()
+    topics: TopicSettings = TopicSettings()
+    db: StoreSettings = StoreSettings()
+    postgres: PostgresSettings = PostgresSettings()
+    policy: PolicySettings = PolicySettings()
+    streams: StreamWorkerSettings = StreamWorkerSettings()
+    model: ModelSettings = ModelSettings()
+    engine: EngineSettings = EngineSettings()
+    client: ClientSettings = ClientSettings()
+    agent: AgentSettings = AgentSettings()
+    rollout: RolloutSettings = RolloutSettings()
+    sandbox: SandboxSettings = SandboxSettings()
+    tasks: TaskSettings = TaskSettings()
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.run.state_dir)
+
+    @property
+    def db_url(self) -> str:
+        return self.db.url or f"sqlite:///{self.state_dir / 'events.db'}"
+
+    @property
+    def model_dir(self) -> Path:
+        return Path(self.model.path) if self.model.path else self.state_dir / "model"
+
+    @property
+    def tasks_dir(self) -> Path:
+        return Path(self.tasks.root) if self.tasks.root else self.state_dir / "tasks" / "default"
+
+    def with_overrides(self, overrides: list[str]) -> Config:
+        return build_config(self.model_dump(mode="python"), overrides)
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message says which key and why."""
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`policy.max_turns=40` -> (['policy', 'max_turns'], 40). Values are TOML; bare words are strings."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} is not KEY=VALUE (for example policy.max_turns=40)")
+    try:
+        parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value.strip()
+    return key.strip().split("."), parsed
+
+
+def _apply(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"cannot set {'.'.join(path)}: {part} is not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def build_config(tree: dict[str, Any], overrides: list[str] | None = None) -> Config:
+    tree = _deep_copy(tree)
+    for text in overrides or []:
+        path, value = parse_override(text)
+        _apply(tree, path, value)
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as error:
+        lines = []
+        for item in error.errors():
+            where = ".".join(str(p) for p in item["loc"])
+            lines.append(f"  {where}: {item['msg']}")
+        raise ConfigError("invalid config:\n" + "\n".join(lines)) from None
+
+
+def load_config(path: Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read `path` (default `rollstream.toml` when it exists) and apply overrides."""
+    file = path or DEFAULT_CONFIG_FILE
+    tree: dict[str, Any] = {}
+    if path is not None and not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    if file.exists():
+        try:
+            tree = tomllib.loads(file.read_text())
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"{file} is not valid TOML: {error}") from None
+    return build_config(tree, overrides)
+
+
+def _deep_copy(tree: dict[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in tree.items()}
+
+
+ConfigFormat = Literal["toml", "json"]

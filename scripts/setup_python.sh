@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Creates .venv and installs Rollstream with its dev extras. uv is used because it
+# keeps a shared wheel cache (~/.cache/uv): torch's CUDA wheels (several GB, the only
+# torch build PyPI serves for linux x86_64; it runs on the CPU) download once.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+if [ ! -x .venv/bin/uv ]; then
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check "uv>=0.4"
+fi
+.venv/bin/uv pip install --python .venv/bin/python --quiet -e ".[dev]"

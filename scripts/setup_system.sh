@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the tests need when they are missing: bubblewrap
+# (default sandbox), PostgreSQL (second event-store backend), podman + runc (the
+# Docker-compatible API for the docker backend), mmdebstrap (its root filesystem),
+# Java and Maven (Kafka from Maven Central).
+set -euo pipefail
+need=()
+command -v bwrap >/dev/null || need+=(bubblewrap)
+[ -x /usr/lib/postgresql/15/bin/initdb ] || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+command -v podman >/dev/null || need+=(podman runc fuse-overlayfs slirp4netns uidmap)
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
+command -v java >/dev/null || need+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || need+=(maven)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing Debian packages: ${need[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi

@@ -1,0 +1,218 @@
+"""The event contract: one envelope, one typed payload per event type.
+
+Every record on every Rollstream topic is an `Event`: identity (run, group,
+trajectory, task), a per-trajectory gap-free `seq`, the weight version in force,
+the time in UTC nanoseconds, the writing worker, and a typed `data` payload whose
+model is chosen by `type` (see `PAYLOADS`). Ids are deterministic UUIDv5 of
+(trajectory id or source, seq), so a worker that re-emits after a crash writes the
+same ids and consumers deduplicate by id.
+
+Each payload type has a `SCHEMA_VERSION`; records written under an older version
+are upcast on read (`UPCASTERS`) before validation. `encode_event`/`decode_event`
+are the only wire format; `DecodeError` says what was wrong so the consumer can
+dead-letter the record and go on.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError
+
+from streams.outcomes import Outcome
+from streams.payloads import (
+    DeadLetterRecord,
+    GroupFormed,
+    Payload,
+    RolloutAbort,
+    RolloutRequested,
+    SandboxFailed,
+    SandboxReady,
+    SandboxReleased,
+    SandboxRequested,
+    TestsRan,
+    ToolExecuted,
+    TrainerStep,
+    TrajectoryAssembled,
+    TrajectoryFinished,
+    TrajectoryStarted,
+    TurnGenerated,
+    WeightsPublished,
+)
+
+EVENT_NAMESPACE = uuid.UUID("5b0f3c1e-7d2a-4f4e-9a51-2c1d3e4f5a6b")
+
+PAYLOADS: dict[str, type[Payload]] = {
+    "trajectory.started": TrajectoryStarted,
+    "sandbox.requested": SandboxRequested,
+    "sandbox.ready": SandboxReady,
+    "sandbox.failed": SandboxFailed,
+    "sandbox.released": SandboxReleased,
+    "turn.generated": TurnGenerated,
+    "tool.executed": ToolExecuted,
+    "tests.ran": TestsRan,
+    "trajectory.finished": TrajectoryFinished,
+    "trajectory.assembled": TrajectoryAssembled,
+    "group.formed": GroupFormed,
+    "rollout.requested": RolloutRequested,
+    "rollout.abort": RolloutAbort,
+    "weights.published": WeightsPublished,
+    "trainer.step": TrainerStep,
+    "deadletter.record": DeadLetterRecord,
+}
+ROLLOUT_EVENT_TYPES = (
+    "trajectory.started",
+    "sandbox.requested",
+    "sandbox.ready",
+    "sandbox.failed",
+    "sandbox.released",
+    "turn.generated",
+    "tool.executed",
+    "tests.ran",
+    "trajectory.finished",
+)
+TYPE_OF: dict[type[Payload], str] = {cls: name for name, cls in PAYLOADS.items()}
+
+# (type, version written) -> function turning that version's `data` dict into the next version's.
+UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+
+class DecodeError(ValueError):
+    """A record that is not a valid event; `reason` is what the dead-letter record says."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def event_id(key: str, seq: int) -> uuid.UUID:
+    """Deterministic id of the `seq`-th event of a trajectory (or of a source)."""
+    return uuid.uuid5(EVENT_NAMESPACE, f"{key}#{seq}")
+
+
+class Event(BaseModel):
+    """The envelope. `data` is the payload model named by `type`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    ENVELOPE_FIELDS: ClassVar[tuple[str, ...]] = (
+        "id", "type", "schema_version", "run_id", "group_id", "trajectory_id", "task_id",
+        "seq", "policy_version", "time_ns", "source", "causation_id",
+    )  # fmt: skip
+
+    id: uuid.UUID
+    type: str
+    schema_version: int = Field(ge=1)
+    run_id: str
+    group_id: str | None = None
+    trajectory_id: str | None = None
+    task_id: str | None = None
+    seq: int = Field(ge=0)
+    policy_version: int = Field(default=0, ge=0)
+    time_ns: int = Field(ge=0)
+    source: str
+    causation_id: uuid.UUID | None = None
+    data: SerializeAsAny[Payload]
+
+    @property
+    def key(self) -> bytes | None:
+        """The Kafka key: the group for rollout events, so a group stays on one partition."""
+        return self.group_id.encode() if self.group_id else None
+
+
+def make_event(
+    data: Payload,
+    *,
+    run_id: str,
+    seq: int,
+    time_ns: int,
+    source: str,
+    group_id: str | None = None,
+    trajectory_id: str | None = None,
+    task_id: str | None = None,
+    policy_version: int = 0,
+    causation_id: uuid.UUID | None = None,
+    id_key: str | None = None,
+) -> Event:
+    """An event whose id derives from (`id_key` or trajectory id or source, seq)."""
+    kind = TYPE_OF[type(data)]
+    key = id_key or trajectory_id or source
+    return Event(
+        id=event_id(key, seq),
+        type=kind,
+        schema_version=type(data).SCHEMA_VERSION,
+        run_id=run_id,
+        group_id=group_id,
+        trajectory_id=trajectory_id,
+        task_id=task_id,
+        seq=seq,
+        policy_version=policy_version,
+        time_ns=time_ns,
+        source=source,
+        causation_id=causation_id,
+        data=data,
+    )
+
+
+def encode_event(event: Event) -> bytes:
+    return event.model_dump_json().encode()
+
+
+def upcast(kind: str, version: int, data: dict[str, Any]) -> dict[str, Any]:
+    """`data` written under `version` brought to the current schema of `kind`."""
+    current = PAYLOADS[kind].SCHEMA_VERSION
+    if version > current:
+        raise DecodeError(f"{kind} schema_version {version} is newer than this reader ({current}); upgrade")
+    while version < current:
+        step = UPCASTERS.get((kind, version))
+        if step is None:
+            raise DecodeError(f"no upcaster for {kind} from schema_version {version}")
+        data = step(data)
+        version += 1
+    return data
+
+
+def event_from_dict(raw: Any) -> Event:
+    """Validate a decoded JSON object as an event, upcasting old payloads."""
+    if not isinstance(raw, dict):
+        raise DecodeError(f"expected a JSON object, got {type(raw).__name__}")
+    kind = raw.get("type")
+    if kind not in PAYLOADS:
+        raise DecodeError(f"unknown event type {kind!r}")
+    version = raw.get("schema_version")
+    if not isinstance(version, int):
+        raise DecodeError(f"{kind}: schema_version must be an integer, got {version!r}")
+    data = raw.get("data")
+    if not isinstance(data, dict):
+        raise DecodeError(f"{kind}: data must be an object")
+    try:
+        payload = PAYLOADS[kind].model_validate(upcast(kind, version, data))
+        fields = {k: v for k, v in raw.items() if k != "data"}
+        fields["schema_version"] = PAYLOADS[kind].SCHEMA_VERSION
+        return Event.model_validate({**fields, "data": payload})
+    except ValidationError as error:
+        raise DecodeError(f"{kind} does not match its schema: {_first_errors(error)}") from None
+
+
+def decode_event(value: bytes | str) -> Event:
+    """Bytes from Kafka (or a JSON line) to an `Event`; raises `DecodeError`."""
+    try:
+        raw = json.loads(value)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DecodeError(f"not JSON: {error}") from None
+    return event_from_dict(raw)
+
+
+def _first_errors(error: ValidationError, limit: int = 3) -> str:
+    parts = []
+    for item in error.errors()[:limit]:
+        where = ".".join(str(p) for p in item["loc"]) or "(root)"
+        parts.append(f"{where}: {item['msg']}")
+    more = error.error_count() - limit
+    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
+def is_infra_error(outcome: Outcome | str) -> bool:
+    return str(outcome).startswith("infra_error:")

@@ -1,0 +1,204 @@
+"""Typed payloads of every event type (the `data` of an `Event`).
+
+Rollout events (topic `rollout.events`) describe one episode step by step; the
+derived payloads are what stream workers, the trainer and the control plane
+write. Each class names its `SCHEMA_VERSION`; bump it and add an upcaster in
+`streams.events.UPCASTERS` when a change would break reading old records.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from streams.outcomes import Outcome
+from streams.packed import Logprobs, LossMask, TokenIds
+
+
+class Payload(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+
+class Limits(BaseModel):
+    """The length policies in force for an episode (DESIGN.md defaults)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    max_turns: int = 80
+    max_new_tokens_per_turn: int = 8192
+    max_trajectory_tokens: int = 65536
+    context_cap: int = 65536
+    tool_output_chars: int = 10000
+
+
+class TimeBreakdown(BaseModel):
+    """Seconds an episode spent in each kind of work."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    llm_s: float = 0.0
+    tool_s: float = 0.0
+    sandbox_start_s: float = 0.0
+    agent_install_s: float = 0.0
+    tests_s: float = 0.0
+    queue_s: float = 0.0
+    total_s: float = 0.0
+
+
+# ---- rollout events -------------------------------------------------------------
+
+
+class TrajectoryStarted(Payload):
+    attempt: int = Field(ge=0, description="index of the attempt within its group")
+    retry: int = Field(default=0, ge=0, description="re-runs of this attempt after infra errors")
+    group_size: int = Field(ge=1)
+    limits: Limits
+    prompt_token_ids: TokenIds = Field(default_factory=list, description="system + instance prompt")
+
+
+class SandboxRequested(Payload):
+    backend: str
+
+
+class SandboxReady(Payload):
+    backend: str
+    sandbox_id: str
+    queue_wait_s: float = Field(ge=0)
+    start_s: float = Field(ge=0)
+
+
+class SandboxFailed(Payload):
+    backend: str
+    error_kind: str = Field(description="sandbox_start | sandbox_lost | timeout ...")
+    message: str
+    queue_wait_s: float = Field(default=0.0, ge=0)
+
+
+class SandboxReleased(Payload):
+    backend: str
+    sandbox_id: str
+    lifetime_s: float = Field(ge=0)
+
+
+class TurnGenerated(Payload):
+    turn: int = Field(ge=1)
+    observation_token_ids: TokenIds = Field(description="prompt tokens new since the last turn (mask 0)")
+    output_token_ids: TokenIds
+    output_logprobs: Logprobs
+    output_versions: TokenIds = Field(description="weight version of each output token")
+    finish_reason: str = Field(description="stop | length | abort")
+    engine_id: str
+    weight_version: int = Field(ge=0)
+    context_tokens: int = Field(ge=0, description="tokens in the context after this turn")
+    queue_wait_s: float = Field(default=0.0, ge=0)
+    latency_s: float = Field(ge=0)
+
+
+class ToolExecuted(Payload):
+    turn: int = Field(ge=1)
+    command: str
+    exit_code: int | None
+    output: str = Field(description="the output as shown to the model (head + tail when long)")
+    output_bytes: int = Field(ge=0, description="full byte count before truncation")
+    truncated: bool
+    duration_s: float = Field(ge=0)
+    timed_out: bool = False
+    format_error: bool = Field(default=False, description="the reply had no single bash block")
+
+
+class TestsRan(Payload):
+    fail_to_pass: dict[str, bool]
+    pass_to_pass: dict[str, bool]
+    duration_s: float = Field(ge=0)
+    reward: float
+
+
+class TrajectoryFinished(Payload):
+    outcome: Outcome
+    reward: float | None = Field(description="None for infra errors: they are never scored")
+    turns: int = Field(ge=0)
+    generated_tokens: int = Field(ge=0)
+    context_tokens: int = Field(ge=0)
+    last_seq: int = Field(ge=0, description="seq of this event: the trajectory has last_seq + 1 events")
+    error: str | None = None
+    times: TimeBreakdown = Field(default_factory=TimeBreakdown)
+
+
+# ---- derived and control records ------------------------------------------------
+
+
+class TrajectoryAssembled(Payload):
+    """A folded trajectory (topic `trajectories`)."""
+
+    attempt: int
+    retry: int = 0
+    outcome: Outcome
+    reward: float | None
+    token_ids: TokenIds
+    loss_mask: LossMask
+    rollout_logprobs: Logprobs = Field(description="engine logprobs; 0.0 where loss_mask is 0")
+    token_versions: TokenIds = Field(description="weight version per token; -1 for prompt tokens")
+    prompt_tokens: int
+    turns: int
+    generated_tokens: int
+    context_tokens: int
+    times: TimeBreakdown
+    policy: dict[str, float | int | str | bool | None] = Field(description="policy settings in force")
+
+
+class GroupFormed(Payload):
+    """A GRPO group (topic `groups`): members with advantages, or a drop reason."""
+
+    members: list[str] = Field(description="trajectory ids in attempt order")
+    rewards: list[float]
+    advantages: list[float]
+    loss_masked: list[bool] = Field(default_factory=list, description="overlong members with loss masked")
+    dropped: str | None = Field(default=None, description="zero_variance | too_few_valid | stale | ...")
+    infra_errors: int = 0
+    oldest_version: int = 0
+    policy: dict[str, float | int | str | bool | None]
+
+
+class RolloutRequested(Payload):
+    """Work for rollout workers (topic `rollout.requests`)."""
+
+    task_dir: str = Field(description="task directory name within the worker's task root")
+    attempt: int = Field(ge=0)
+    retry: int = Field(default=0, ge=0)
+    group_size: int = Field(ge=1)
+    limits: Limits = Field(default_factory=Limits)
+
+
+class RolloutAbort(Payload):
+    """Control record: stop these episodes now and finish them as truncated."""
+
+    trajectory_ids: list[str]
+    reason: str = "group_deadline"
+
+
+class WeightsPublished(Payload):
+    version: int = Field(ge=0)
+    path: str
+    step: int = 0
+
+
+class TrainerStep(Payload):
+    step: int = Field(ge=0)
+    version: int = Field(ge=0)
+    groups: int
+    trajectories: int
+    loss: float
+    grad_norm: float
+    mean_logprob_diff: float = 0.0
+    ess: float = 1.0
+    times: dict[str, float] = Field(default_factory=dict)
+
+
+class DeadLetterRecord(Payload):
+    reason: str
+    topic: str
+    partition: int
+    offset: int
+    key_b64: str | None
+    value_b64: str
+    consumer: str

@@ -1,0 +1,87 @@
+"""Shared fixtures: the real Kafka broker and PostgreSQL server (started when not up),
+configs with a unique topic prefix per test, fresh SQLite and PostgreSQL databases."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from rollstream.config import Config, load_config
+
+
+@pytest.fixture(scope="session")
+def base_config() -> Config:
+    return load_config(None, [])
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(base_config: Config) -> str:
+    from rollstream.launcher.kafka import ensure_up
+
+    return ensure_up(base_config)
+
+
+@pytest.fixture
+def config_factory(kafka_bootstrap: str, tmp_path: Path) -> Callable[..., Config]:
+    """Configs on the running broker with topics under a fresh prefix (created on demand)."""
+
+    def make(*overrides: str, create_topics: bool = True) -> Config:
+        prefix = f"t-{uuid.uuid4().hex[:8]}-"
+        config = load_config(
+            None,
+            [
+                f'kafka.bootstrap="{kafka_bootstrap}"',
+                f'topics.prefix="{prefix}"',
+                f'run.state_dir="{tmp_path / ".rollstream"}"',
+                *overrides,
+            ],
+        )
+        if create_topics:
+            import asyncio
+
+            from streams.topics import create_topics as create
+
+            asyncio.run(create(config.kafka, config.topics))
+        return config
+
+    return make
+
+
+@pytest.fixture
+def kafka_config(config_factory: Callable[..., Config]) -> Config:
+    return config_factory()
+
+
+@pytest.fixture(scope="session")
+def pg_server(base_config: Config) -> str:
+    """Admin URL of the running PostgreSQL server."""
+    from rollstream.launcher.postgres import ensure_up
+
+    return ensure_up(base_config)
+
+
+@pytest.fixture
+def pg_url(pg_server: str) -> Iterator[str]:
+    """A fresh PostgreSQL database, dropped afterwards."""
+    from rollstream.launcher.postgres import create_database, drop_database
+
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    url = create_database(pg_server, name)
+    yield url
+    drop_database(pg_server, name)
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'events.db'}"
+
+
+@pytest.fixture(scope="session")
+def default_tasks_dir(base_config: Config) -> Path:
+    """The default task set (built by the test command's `rollstream tasks default`; built here if not)."""
+    from rollstream.default_tasks import ensure_default_tasks
+
+    return ensure_default_tasks(base_config)
