@@ -1,0 +1,1 @@
+"""Agents: the embedded engine and its client, the bash scaffold, rollout workers."""

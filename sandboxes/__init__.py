@@ -1,0 +1,1 @@
+"""Sandboxes: the protocol, backends (bubblewrap, docker, e2b), pools with visible caps, Harbor tasks."""

@@ -1,0 +1,120 @@
+"""The sandbox protocol every backend implements, and its typed infrastructure errors.
+
+A command that fails is a result (`ExecResult` with its exit code); a sandbox that
+cannot start, dies or stops answering raises a `SandboxError` subclass whose
+`kind` is the infrastructure outcome (`sandbox_start`, `sandbox_lost`, `timeout`,
+`verifier`), so callers never mistake infrastructure for a wrong answer.
+Every lifecycle step reports its timing (`Timings`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    duration_s: float
+    timed_out: bool = False
+    output_bytes: int = 0
+    output_truncated: bool = False
+    killed_reason: str | None = None  # e.g. "memory", "cpu", "processes", "timeout"
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def to_json_dict(self) -> dict[str, object]:
+        return {
+            "exit_code": self.exit_code,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "duration_s": self.duration_s,
+            "timed_out": self.timed_out,
+            "output_bytes": self.output_bytes,
+            "output_truncated": self.output_truncated,
+            "killed_reason": self.killed_reason,
+        }
+
+
+@dataclass
+class Timings:
+    """Seconds spent in each lifecycle step of one sandbox."""
+
+    queued_s: float = 0.0
+    start_s: float = 0.0
+    ready_at: float = 0.0
+    execs: list[float] = field(default_factory=list)
+    stop_s: float = 0.0
+
+
+class SandboxError(Exception):
+    """An infrastructure failure. `kind` names the `infra_error:*` outcome."""
+
+    kind = "sandbox_lost"
+
+    def __init__(self, message: str, *, backend: str = "") -> None:
+        super().__init__(message)
+        self.backend = backend
+
+
+class SandboxStartError(SandboxError):
+    kind = "sandbox_start"
+
+
+class SandboxLostError(SandboxError):
+    kind = "sandbox_lost"
+
+
+class SandboxTimeoutError(SandboxError):
+    """The sandbox (not a command in it) stopped answering within its deadline."""
+
+    kind = "timeout"
+
+
+class VerifierError(SandboxError):
+    """The verifier crashed, timed out, or wrote no readable reward: never reward 0."""
+
+    kind = "verifier"
+
+
+class BackendUnavailableError(SandboxStartError):
+    """The backend cannot run here at all (no bwrap, no docker API, no E2B key)."""
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """One isolated environment with a writable workspace."""
+
+    id: str
+    backend: str
+    timings: Timings
+
+    async def start(self) -> None: ...
+
+    async def exec(
+        self,
+        command: str,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult: ...
+
+    async def upload(self, local: Path, remote: str) -> None: ...
+
+    async def download(self, remote: str, local: Path) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class SandboxFactory(Protocol):
+    """Makes an unstarted sandbox over a workspace (a task's repository directory)."""
+
+    backend: str
+
+    def create(self, workspace: Path | None) -> Sandbox: ...

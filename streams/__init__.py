@@ -1,0 +1,1 @@
+"""Streams: the event contract, topics, the Kafka bus, stream processors, policies, the SQL store, replay."""

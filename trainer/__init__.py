@@ -1,0 +1,1 @@
+"""Trainer: the policy model, tokenizer, weight versions."""
