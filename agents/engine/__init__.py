@@ -1,0 +1,1 @@
+"""The embedded inference engine (SGLang's HTTP contract) and the engine client."""
