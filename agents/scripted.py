@@ -1,0 +1,57 @@
+"""A policy that replies from a fixed script (tests): each call returns the next reply,
+tokenised with the episode's chat format, ending with `<|im_end|>`.
+
+Replies are per trajectory (keyed by the trajectory part of `rid`), so one
+`ScriptedPolicy` can serve concurrent episodes. After the script runs out the
+last reply repeats. Logprobs are 0.0 and the weight version is `weight_version`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from agents.chat import ChatFormat
+from agents.engine.protocol import EngineError, Generation, SamplingParams
+
+
+class ScriptedPolicy:
+    def __init__(
+        self, chat: ChatFormat, replies: Sequence[str], *, weight_version: int = 0, delay_s: float = 0.0
+    ) -> None:
+        if not replies:
+            raise ValueError("a ScriptedPolicy needs at least one reply")
+        self.chat = chat
+        self.replies = list(replies)
+        self.weight_version = weight_version
+        self.delay_s = delay_s
+        self.calls: dict[str, int] = {}
+        self.aborted: list[str] = []
+
+    async def generate(self, input_ids: list[int], params: SamplingParams, rid: str) -> Generation:
+        trajectory = rid.rsplit(":", 1)[0]
+        index = self.calls.get(trajectory, 0)
+        self.calls[trajectory] = index + 1
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if not input_ids:
+            raise EngineError("request", "empty input_ids")
+        text = self.replies[min(index, len(self.replies) - 1)]
+        ids = [*self.chat.encode(text), self.chat.im_end]
+        finish = "stop"
+        if len(ids) > params.max_new_tokens:
+            ids, finish = ids[: params.max_new_tokens], "length"
+        return Generation(
+            output_ids=tuple(ids),
+            output_logprobs=tuple(0.0 for _ in ids),
+            output_versions=tuple(self.weight_version for _ in ids),
+            finish_reason=finish,  # type: ignore[arg-type]
+            weight_version=self.weight_version,
+            engine_id="scripted",
+            prompt_tokens=len(input_ids),
+            queue_wait_s=0.0,
+            latency_s=self.delay_s,
+        )
+
+    async def abort(self, rid: str) -> None:
+        self.aborted.append(rid)
