@@ -40,12 +40,17 @@ class RunSettings(Frozen):
 class BrokerSettings(Frozen):
     """The local Kafka broker started by `rollstream kafka up`."""
 
-    version: str = "4.1.1"
+    version: str = Field(default="4.4.0", description="org.apache.kafka:kafka_2.13 from Maven Central")
     port: int = 19092
     controller_port: int = 19093
     heap_mb: int = 512
     cluster_ports: tuple[int, int, int] = (19192, 19292, 19392)
+    cluster_controller_ports: tuple[int, int, int] = (19193, 19293, 19393)
     startup_timeout_s: float = 120.0
+    stop_timeout_s: float = 30.0
+    message_max_bytes: int = Field(default=10_485_760, description="broker limit; > kafka.max_request_size")
+    offsets_partitions: int = Field(default=10, description="__consumer_offsets partitions")
+    jar_fetch_timeout_s: float = 600.0
 
 
 class PostgresSettings(Frozen):
@@ -54,6 +59,9 @@ class PostgresSettings(Frozen):
     port: int = 15432
     user: str = "rollstream"
     database: str = "rollstream"
+    bin_dir: str = Field(default="", description="PostgreSQL binaries; empty = newest /usr/lib/postgresql/*/bin")
+    system_user: str = Field(default="postgres", description="runs the server when we are root")
+    startup_timeout_s: float = 60.0
 
 
 class Config(Frozen):

@@ -37,6 +37,8 @@ class TopicSettings(Frozen):
     weights_partitions: int = 1
     trainer_steps_partitions: int = 1
     deadletter_partitions: int = 1
+    max_message_bytes: int = Field(default=10_485_760, description="topic max.message.bytes")
+    create_timeout_s: float = 60.0
 
 
 class StoreSettings(Frozen):
@@ -62,9 +64,19 @@ class PolicySettings(Frozen):
     max_staleness: int = Field(default=4, description="weight versions; -1 = unlimited")
     overlong: Literal["mask", "drop", "zero"] = "mask"
     normalise_std: bool = True
+    advantage_eps: float = Field(default=1e-6, description="added to the group std before dividing")
+    abort_grace_s: float = Field(
+        default=60.0, description="after the deadline's aborts, wait this long for stragglers, then form without them"
+    )
 
 
 class StreamWorkerSettings(Frozen):
     group_id: str = "rollstream-streams"
     commit_interval_s: float = 1.0
     deadline_check_interval_s: float = 0.5
+    batch_max_records: int = 5000
+    batch_timeout_ms: int = 200
+    closed_groups_memory: int = Field(
+        default=200_000, description="group ids remembered after emission, to ignore late duplicates"
+    )
+    readback_idle_s: float = Field(default=1.0, description="idle time that ends reading back own output at start")

@@ -1,0 +1,186 @@
+"""Every Rollstream topic, its partitions and configs, and idempotent creation.
+
+Short names (`SHORT_NAMES`) are what code uses; `topic_name` adds the configured
+prefix. Source-of-truth topics (`rollout.events`, `weights.history`,
+`trainer.steps`) keep every record forever; `weights` is compacted (latest
+version per run); every topic accepts messages up to `topics.max_message_bytes`
+and uses `topics.replication_factor` / `topics.min_insync_replicas` (3 / 2 on the
+three-broker cluster). Topics are never auto-created: `create_topics` (or
+`rollstream topics create`) makes them, and returns only once every partition has
+a leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from streams.settings import KafkaSettings, TopicSettings
+
+SHORT_NAMES = (
+    "rollout.events",
+    "rollout.requests",
+    "rollout.control",
+    "trajectories",
+    "groups",
+    "weights",
+    "weights.history",
+    "trainer.steps",
+    "deadletter",
+)
+RETAIN_FOREVER = frozenset({"rollout.events", "weights.history", "trainer.steps"})
+COMPACTED = frozenset({"weights"})
+TOPIC_ALREADY_EXISTS = 36
+
+
+class TopicError(RuntimeError):
+    """Topics could not be created or are unknown; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    short: str
+    name: str
+    partitions: int
+    replication_factor: int
+    configs: dict[str, str]
+
+
+def topic_name(topics: TopicSettings, short: str) -> str:
+    if short not in SHORT_NAMES:
+        raise TopicError(f"unknown topic {short!r}; known: {', '.join(SHORT_NAMES)}")
+    return topics.prefix + short
+
+
+def short_name(topics: TopicSettings, name: str) -> str:
+    """Inverse of `topic_name`."""
+    if not name.startswith(topics.prefix) or name[len(topics.prefix) :] not in SHORT_NAMES:
+        raise TopicError(f"topic {name!r} is not a Rollstream topic under prefix {topics.prefix!r}")
+    return name[len(topics.prefix) :]
+
+
+def partitions(topics: TopicSettings, short: str) -> int:
+    counts = {
+        "rollout.events": topics.rollout_events_partitions,
+        "rollout.requests": topics.rollout_requests_partitions,
+        "rollout.control": topics.rollout_control_partitions,
+        "trajectories": topics.trajectories_partitions,
+        "groups": topics.groups_partitions,
+        "weights": topics.weights_partitions,
+        "weights.history": topics.weights_partitions,
+        "trainer.steps": topics.trainer_steps_partitions,
+        "deadletter": topics.deadletter_partitions,
+    }
+    return counts[short]
+
+
+def topic_specs(topics: TopicSettings) -> list[TopicSpec]:
+    specs = []
+    for short in SHORT_NAMES:
+        configs = {
+            "max.message.bytes": str(topics.max_message_bytes),
+            "min.insync.replicas": str(topics.min_insync_replicas),
+        }
+        if short in RETAIN_FOREVER:
+            configs |= {"retention.ms": "-1", "retention.bytes": "-1"}
+        if short in COMPACTED:
+            configs |= {"cleanup.policy": "compact", "retention.ms": "-1"}
+        name = topic_name(topics, short)
+        specs.append(TopicSpec(short, name, partitions(topics, short), topics.replication_factor, configs))
+    return specs
+
+
+def _admin(kafka: KafkaSettings) -> AIOKafkaAdminClient:
+    return AIOKafkaAdminClient(
+        bootstrap_servers=kafka.bootstrap,
+        client_id=kafka.client_id,
+        request_timeout_ms=kafka.request_timeout_ms,
+    )
+
+
+async def create_topics(kafka: KafkaSettings, topics: TopicSettings) -> list[str]:
+    """Create every topic that does not exist yet (existing ones are fine); return all names."""
+    specs = topic_specs(topics)
+    admin = _admin(kafka)
+    await admin.start()
+    try:
+        brokers = len((await admin.describe_cluster())["brokers"])
+        if topics.replication_factor > brokers:
+            raise TopicError(
+                f"topics.replication_factor={topics.replication_factor} but the cluster at {kafka.bootstrap} "
+                f"has {brokers} broker(s); use the 3-broker cluster (rollstream kafka up --brokers 3) "
+                "or lower the replication factor"
+            )
+        new = [
+            NewTopic(spec.name, spec.partitions, spec.replication_factor, topic_configs=spec.configs)
+            for spec in specs
+        ]
+        response = await admin.create_topics(new, timeout_ms=int(topics.create_timeout_s * 1000))
+        failures = [
+            f"{name}: {message or code}"
+            for name, code, message in response.topic_errors
+            if code not in (0, TOPIC_ALREADY_EXISTS)
+        ]
+        if failures:
+            raise TopicError("could not create topics:\n  " + "\n  ".join(failures))
+        await _wait_for_leaders(admin, specs, topics.create_timeout_s)
+    finally:
+        await admin.close()
+    return [spec.name for spec in specs]
+
+
+async def _wait_for_leaders(admin: AIOKafkaAdminClient, specs: list[TopicSpec], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    names = [spec.name for spec in specs]
+    while True:
+        described = await admin.describe_topics(names)
+        ready = all(
+            not topic["error_code"]
+            and topic["partitions"]
+            and all(p["leader"] >= 0 for p in topic["partitions"])
+            for topic in described
+        )
+        if ready:
+            return
+        if time.monotonic() > deadline:
+            raise TopicError(f"topics {names} have no leaders after {timeout_s:.0f}s")
+        await asyncio.sleep(0.2)
+
+
+async def list_topics(kafka: KafkaSettings, topics: TopicSettings) -> dict[str, dict[str, str]]:
+    """Rollstream topics under the prefix: name -> partitions, replication, retention, cleanup."""
+    admin = _admin(kafka)
+    await admin.start()
+    try:
+        names = [name for name in await admin.list_topics() if _is_ours(topics, name)]
+        if not names:
+            return {}
+        described = await admin.describe_topics(names)
+        resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
+        configs = await admin.describe_configs(resources)
+    finally:
+        await admin.close()
+    result: dict[str, dict[str, str]] = {}
+    for topic in described:
+        parts = topic["partitions"]
+        result[topic["topic"]] = {
+            "partitions": str(len(parts)),
+            "replication": str(len(parts[0]["replicas"]) if parts else 0),
+        }
+    for response in configs:
+        for _code, _msg, _type, name, entries in response.resources:
+            values = {entry[0]: entry[1] for entry in entries}
+            if name in result:
+                result[name] |= {
+                    key: values.get(key, "")
+                    for key in ("cleanup.policy", "retention.ms", "min.insync.replicas", "max.message.bytes")
+                }
+    return dict(sorted(result.items()))
+
+
+def _is_ours(topics: TopicSettings, name: str) -> bool:
+    return name.startswith(topics.prefix) and name[len(topics.prefix) :] in SHORT_NAMES
