@@ -18,6 +18,11 @@ class EngineSettings(Frozen):
     max_running_requests: int = 64
     max_queued_requests: int = 4096
     kv_cache_tokens: int = Field(default=262144, description="tokens of KV cache across running requests")
+    prefill_chunk_tokens: int = Field(
+        default=2048, ge=1, description="prompt tokens prefilled per scheduler step (chunked prefill)"
+    )
+    torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads; 0 = torch's default")
+    health_timeout_s: float = Field(default=20.0, description="/health_generate's one-token generation")
     seed: int = 0
 
 
