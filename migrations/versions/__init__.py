@@ -1,0 +1,1 @@
+"""Revisions of the event store schema, oldest first (alembic skips this file)."""

@@ -1,0 +1,287 @@
+"""Pure functions from events to rows: the `events` row and each projection's row.
+
+No SQL and no clock here: `writer` executes what these return. A projection is
+described by a `ProjectionRow` (table, key columns, values); the writer upserts
+it, setting only the columns that event type determines, so the three event
+types that fill one `trajectories` row never overwrite each other and applying
+the same event twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from streams.events import PAYLOADS, Event
+from streams.payloads import (
+    SandboxFailed,
+    SandboxReady,
+    SandboxReleased,
+    SandboxRequested,
+    TestsRan,
+    ToolExecuted,
+    TrainerStep,
+    TrajectoryFinished,
+    TrajectoryStarted,
+    TurnGenerated,
+    WeightsPublished,
+)
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    """An event with the Kafka position it was read from (`topic` is the full topic name)."""
+
+    event: Event
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class ProjectionRow:
+    """Upsert `values` into `table`; on a key conflict set every non-key column in `values`."""
+
+    table: str
+    key: tuple[str, ...]
+    values: dict[str, Any]
+
+
+def event_row(stored: StoredEvent) -> dict[str, Any]:
+    """The `events` row: the envelope's columns, `data` as its wire JSON, and the Kafka position."""
+    event = stored.event
+    return {
+        "id": str(event.id),
+        "type": event.type,
+        "schema_version": event.schema_version,
+        "run_id": event.run_id,
+        "group_id": event.group_id,
+        "trajectory_id": event.trajectory_id,
+        "task_id": event.task_id,
+        "seq": event.seq,
+        "policy_version": event.policy_version,
+        "time_ns": event.time_ns,
+        "source": event.source,
+        "causation_id": str(event.causation_id) if event.causation_id else None,
+        "data": event.data.model_dump(mode="json"),
+        "kafka_topic": stored.topic,
+        "kafka_partition": stored.partition,
+        "kafka_offset": stored.offset,
+    }
+
+
+def event_from_row(row: Any) -> Event:
+    """The `Event` an `events` row (mapping or Row with the column names) holds.
+
+    `data` may be the decoded JSON (ORM or typed select) or its text (plain SQL on SQLite).
+    """
+    mapping = row._mapping if hasattr(row, "_mapping") else row
+    data = mapping["data"]
+    payload = PAYLOADS[mapping["type"]].model_validate(json.loads(data) if isinstance(data, str) else data)
+    return Event(
+        id=uuid.UUID(mapping["id"]),
+        type=mapping["type"],
+        schema_version=mapping["schema_version"],
+        run_id=mapping["run_id"],
+        group_id=mapping["group_id"],
+        trajectory_id=mapping["trajectory_id"],
+        task_id=mapping["task_id"],
+        seq=mapping["seq"],
+        policy_version=mapping["policy_version"],
+        time_ns=mapping["time_ns"],
+        source=mapping["source"],
+        causation_id=uuid.UUID(mapping["causation_id"]) if mapping["causation_id"] else None,
+        data=payload,
+    )
+
+
+def projection_rows(event: Event) -> list[ProjectionRow]:
+    """The projection rows `event` determines (none for types without a projection)."""
+    project = _PROJECTORS.get(event.type)
+    return project(event) if project is not None else []
+
+
+def _identity(event: Event) -> dict[str, Any]:
+    return {"trajectory_id": event.trajectory_id, "run_id": event.run_id, "group_id": event.group_id}
+
+
+def _trajectory_started(event: Event) -> list[ProjectionRow]:
+    data = event.data
+    assert isinstance(data, TrajectoryStarted)
+    values = _identity(event) | {
+        "task_id": event.task_id,
+        "attempt": data.attempt,
+        "retry": data.retry,
+        "group_size": data.group_size,
+        "limits": data.limits.model_dump(mode="json"),
+        "started_ns": event.time_ns,
+        "start_policy_version": event.policy_version,
+        "prompt_tokens": len(data.prompt_token_ids),
+    }
+    return [ProjectionRow("trajectories", ("trajectory_id",), values)]
+
+
+def _tests_ran(event: Event) -> list[ProjectionRow]:
+    data = event.data
+    assert isinstance(data, TestsRan)
+    values = _identity(event) | {
+        "task_id": event.task_id,
+        "tests_reward": data.reward,
+        "tests_duration_s": data.duration_s,
+        "fail_to_pass_passed": sum(data.fail_to_pass.values()),
+        "fail_to_pass_total": len(data.fail_to_pass),
+        "pass_to_pass_passed": sum(data.pass_to_pass.values()),
+        "pass_to_pass_total": len(data.pass_to_pass),
+    }
+    return [ProjectionRow("trajectories", ("trajectory_id",), values)]
+
+
+def _trajectory_finished(event: Event) -> list[ProjectionRow]:
+    data = event.data
+    assert isinstance(data, TrajectoryFinished)
+    values = _identity(event) | {
+        "task_id": event.task_id,
+        "finished_ns": event.time_ns,
+        "end_policy_version": event.policy_version,
+        "outcome": data.outcome.value,
+        "reward": data.reward,
+        "turns": data.turns,
+        "generated_tokens": data.generated_tokens,
+        "context_tokens": data.context_tokens,
+        "last_seq": data.last_seq,
+        "error": data.error,
+        **data.times.model_dump(),
+    }
+    return [ProjectionRow("trajectories", ("trajectory_id",), values)]
+
+
+def _turn_generated(event: Event) -> list[ProjectionRow]:
+    data = event.data
+    assert isinstance(data, TurnGenerated)
+    values = _identity(event) | {
+        "turn": data.turn,
+        "event_id": str(event.id),
+        "seq": event.seq,
+        "time_ns": event.time_ns,
+        "observation_tokens": len(data.observation_token_ids),
+        "output_tokens": len(data.output_token_ids),
+        "finish_reason": data.finish_reason,
+        "engine_id": data.engine_id,
+        "weight_version": data.weight_version,
+        "oldest_output_version": min(data.output_versions, default=None),
+        "context_tokens": data.context_tokens,
+        "queue_wait_s": data.queue_wait_s,
+        "latency_s": data.latency_s,
+    }
+    return [ProjectionRow("turns", ("trajectory_id", "turn"), values)]
+
+
+def _tool_executed(event: Event) -> list[ProjectionRow]:
+    data = event.data
+    assert isinstance(data, ToolExecuted)
+    values = {
+        "event_id": str(event.id),
+        "trajectory_id": event.trajectory_id,
+        "turn": data.turn,
+        "run_id": event.run_id,
+        "time_ns": event.time_ns,
+        "command": data.command,
+        "exit_code": data.exit_code,
+        "output_chars": len(data.output),
+        "output_bytes": data.output_bytes,
+        "truncated": data.truncated,
+        "duration_s": data.duration_s,
+        "timed_out": data.timed_out,
+        "format_error": data.format_error,
+    }
+    return [ProjectionRow("tool_calls", ("event_id",), values)]
+
+
+def _sandbox(event: Event) -> list[ProjectionRow]:
+    data = event.data
+    values: dict[str, Any] = _identity(event) | {"backend": data.backend}  # type: ignore[attr-defined]
+    if isinstance(data, SandboxRequested):
+        values["requested_ns"] = event.time_ns
+    elif isinstance(data, SandboxReady):
+        values |= {
+            "sandbox_id": data.sandbox_id,
+            "ready_ns": event.time_ns,
+            "queue_wait_s": data.queue_wait_s,
+            "start_s": data.start_s,
+        }
+    elif isinstance(data, SandboxFailed):
+        values |= {
+            "failed_ns": event.time_ns,
+            "queue_wait_s": data.queue_wait_s,
+            "error_kind": data.error_kind,
+            "error_message": data.message,
+        }
+    else:
+        assert isinstance(data, SandboxReleased)
+        values |= {"sandbox_id": data.sandbox_id, "released_ns": event.time_ns, "lifetime_s": data.lifetime_s}
+    return [ProjectionRow("sandbox_lifecycle", ("trajectory_id",), values)]
+
+
+def _weights_published(event: Event) -> list[ProjectionRow]:
+    data = event.data
+    assert isinstance(data, WeightsPublished)
+    values = {
+        "run_id": event.run_id,
+        "version": data.version,
+        "event_id": str(event.id),
+        "step": data.step,
+        "path": data.path,
+        "published_ns": event.time_ns,
+        "source": event.source,
+    }
+    return [ProjectionRow("weight_versions", ("run_id", "version"), values)]
+
+
+def _trainer_step(event: Event) -> list[ProjectionRow]:
+    data = event.data
+    assert isinstance(data, TrainerStep)
+    values = {
+        "run_id": event.run_id,
+        "step": data.step,
+        "event_id": str(event.id),
+        "version": data.version,
+        "groups": data.groups,
+        "trajectories": data.trajectories,
+        "loss": data.loss,
+        "grad_norm": data.grad_norm,
+        "mean_logprob_diff": data.mean_logprob_diff,
+        "ess": data.ess,
+        "times": dict(data.times),
+        "time_ns": event.time_ns,
+    }
+    return [ProjectionRow("trainer_steps", ("run_id", "step"), values)]
+
+
+Projector = Callable[[Event], list[ProjectionRow]]
+
+
+def _needs_trajectory(project: Projector) -> Projector:
+    """Rollout projections are keyed by trajectory; an event without one has nothing to project."""
+
+    def guarded(event: Event) -> list[ProjectionRow]:
+        return project(event) if event.trajectory_id else []
+
+    return guarded
+
+
+_PROJECTORS: dict[str, Projector] = {
+    "trajectory.started": _needs_trajectory(_trajectory_started),
+    "tests.ran": _needs_trajectory(_tests_ran),
+    "trajectory.finished": _needs_trajectory(_trajectory_finished),
+    "turn.generated": _needs_trajectory(_turn_generated),
+    "tool.executed": _needs_trajectory(_tool_executed),
+    "sandbox.requested": _needs_trajectory(_sandbox),
+    "sandbox.ready": _needs_trajectory(_sandbox),
+    "sandbox.failed": _needs_trajectory(_sandbox),
+    "sandbox.released": _needs_trajectory(_sandbox),
+    "weights.published": _weights_published,
+    "trainer.step": _trainer_step,
+}

@@ -1,0 +1,118 @@
+"""The event store without Kafka: migrations, batches, projections, idempotence, read-only access."""
+
+from __future__ import annotations
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, text
+from sqlalchemy.exc import DBAPIError
+
+from streams.events import Event
+from streams.store import StoredEvent, load_offsets, open_readonly, open_store, write_batch
+from streams.store.migrate import current_revision, head_revision
+from streams.store.models import Base
+from tests.store.eventgen import generate_events, short_topic
+from tests.store.expect import assert_events_stored, assert_projections, rows, scalar
+
+PROJECTIONS = ("trajectories", "turns", "tool_calls", "sandbox_lifecycle", "weight_versions", "trainer_steps")
+
+
+def positioned(events: list[Event], partitions: int = 3) -> list[StoredEvent]:
+    """Events at made-up but consistent Kafka positions (offsets per topic and partition)."""
+    next_offset: dict[tuple[str, int], int] = {}
+    out = []
+    for index, event in enumerate(events):
+        where = (f"t-{short_topic(event)}", index % partitions)
+        offset = next_offset.get(where, 0)
+        next_offset[where] = offset + 1
+        out.append(StoredEvent(event, where[0], where[1], offset))
+    return out
+
+
+def ends(stored: list[StoredEvent]) -> dict[tuple[str, int], int]:
+    out: dict[tuple[str, int], int] = {}
+    for item in stored:
+        out[(item.topic, item.partition)] = max(out.get((item.topic, item.partition), 0), item.offset + 1)
+    return out
+
+
+def write_in_batches(url: str, stored: list[StoredEvent], size: int = 500) -> None:
+    engine = open_store(url)
+    for start in range(0, len(stored), size):
+        chunk = stored[start : start + size]
+        with engine.begin() as conn:
+            write_batch(conn, chunk, ends(chunk), "sink")
+    engine.dispose()
+
+
+def test_migrations_create_the_modelled_schema_on_an_empty_database(db_url: str) -> None:
+    engine = open_store(db_url)
+    assert current_revision(engine) == head_revision() is not None
+    names = set(inspect(engine).get_table_names())
+    assert {"events", "consumer_offsets", *PROJECTIONS} <= names
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        assert compare_metadata(context, Base.metadata) == []
+    engine.dispose()
+    again = open_store(db_url)  # already at head: a no-op
+    assert current_revision(again) == head_revision()
+    again.dispose()
+
+
+def test_every_column_round_trips_and_projections_match(db_url: str) -> None:
+    events = generate_events(3000, seed=11)
+    stored = positioned(events)
+    write_in_batches(db_url, stored)
+    engine = open_store(db_url)
+    assert_events_stored(engine, events)
+    assert_projections(engine, events)
+    assert load_offsets(engine.connect(), "sink") == ends(stored)
+    engine.dispose()
+
+
+def test_rewriting_batches_changes_nothing(db_url: str) -> None:
+    events = generate_events(1200, seed=3)
+    stored = positioned(events)
+    write_in_batches(db_url, stored, size=700)
+    engine = open_store(db_url)
+    before = {
+        table: rows(engine, f"SELECT * FROM {table} ORDER BY 1, 2") for table in ("events", *PROJECTIONS)
+    }
+    engine.dispose()
+    write_in_batches(db_url, stored, size=300)  # replayed with other batch boundaries
+    engine = open_store(db_url)
+    after = {
+        table: rows(engine, f"SELECT * FROM {table} ORDER BY 1, 2") for table in ("events", *PROJECTIONS)
+    }
+    assert after == before
+    engine.dispose()
+
+
+def test_a_duplicate_event_id_keeps_the_first_copy_everywhere(db_url: str) -> None:
+    events = [e for e in generate_events(400, seed=5) if e.type == "turn.generated"][:3]
+    first = events[0]
+    rewritten = first.model_copy(update={"data": first.data.model_copy(update={"engine_id": "engine-late"})})
+    stored = positioned(events)
+    engine = open_store(db_url)
+    with engine.begin() as conn:
+        assert write_batch(conn, stored, ends(stored), "sink") == 3
+    with engine.begin() as conn:  # the same id re-emitted at a later offset with other content
+        late = StoredEvent(rewritten, stored[0].topic, stored[0].partition, 99)
+        assert write_batch(conn, [late], {(late.topic, late.partition): 100}, "sink") == 0
+    assert scalar(engine, "SELECT COUNT(*) FROM events") == 3
+    assert (
+        scalar(engine, f"SELECT engine_id FROM turns WHERE event_id = '{first.id}'") == first.data.engine_id
+    )  # type: ignore[attr-defined]
+    assert load_offsets(engine.connect(), "sink")[(late.topic, late.partition)] == 100
+    engine.dispose()
+
+
+def test_read_only_engine_reads_but_cannot_write(db_url: str) -> None:
+    write_in_batches(db_url, positioned(generate_events(50)))
+    reader = open_readonly(db_url)
+    assert scalar(reader, "SELECT COUNT(*) FROM events") == 50
+    with pytest.raises(DBAPIError), reader.begin() as conn:
+        conn.execute(text("DELETE FROM events"))
+    assert scalar(reader, "SELECT COUNT(*) FROM events") == 50
+    reader.dispose()
