@@ -66,7 +66,8 @@ class PolicySettings(Frozen):
     normalise_std: bool = True
     advantage_eps: float = Field(default=1e-6, description="added to the group std before dividing")
     abort_grace_s: float = Field(
-        default=60.0, description="after the deadline's aborts, wait this long for stragglers, then form without them"
+        default=60.0,
+        description="after the deadline's aborts, wait this long for stragglers, then form without them",
     )
 
 
@@ -79,4 +80,6 @@ class StreamWorkerSettings(Frozen):
     closed_groups_memory: int = Field(
         default=200_000, description="group ids remembered after emission, to ignore late duplicates"
     )
-    readback_idle_s: float = Field(default=1.0, description="idle time that ends reading back own output at start")
+    readback_idle_s: float = Field(
+        default=1.0, description="idle time that ends reading back own output at start"
+    )

@@ -1,0 +1,299 @@
+"""Folding one trajectory's rollout events into a `Trajectory` (pure: no Kafka, SQL or clock).
+
+`fold_trajectory(events)` takes the events of one trajectory in any order, with
+duplicates (same event id: the first copy wins), and returns:
+
+- a `Trajectory` once `trajectory.started` (seq 0) through `trajectory.finished`
+  (seq `last_seq`) are all present;
+- a `Pending` that says what is still missing otherwise (a gap waits for the
+  missing event; nothing is guessed);
+- raises `MalformedTrajectory` when the events cannot belong to one episode
+  (two trajectory ids, a turn whose logprobs do not match its tokens, a finished
+  event with the wrong `last_seq`, ...).
+
+Token layout of the result: the prompt, then per turn the observation tokens
+(new prompt tokens since the last turn, loss mask 0) and the output tokens (loss
+mask 1, with the engine's logprob and weight version of each token). Prompt and
+observation tokens carry logprob 0.0 and version -1.
+
+`check_event(event)` is the per-event half of the same validation, so a stream
+worker can dead-letter one bad event without waiting for its trajectory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from streams.events import ROLLOUT_EVENT_TYPES, Event
+from streams.outcomes import Outcome
+from streams.payloads import (
+    Limits,
+    SandboxReady,
+    TestsRan,
+    TimeBreakdown,
+    ToolExecuted,
+    TrajectoryFinished,
+    TrajectoryStarted,
+    TurnGenerated,
+)
+
+PROMPT_VERSION = -1
+
+
+class MalformedTrajectory(ValueError):
+    """Events that cannot be folded into one episode; `reason` says which and why."""
+
+    def __init__(self, trajectory_id: str | None, reason: str) -> None:
+        super().__init__(f"trajectory {trajectory_id}: {reason}")
+        self.trajectory_id = trajectory_id
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """One turn's place in the token arrays plus the tool call it led to (for SFT messages)."""
+
+    turn: int
+    observation_start: int
+    output_start: int
+    output_end: int
+    command: str | None
+    tool_output: str | None
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    run_id: str
+    group_id: str
+    trajectory_id: str
+    task_id: str
+    attempt: int
+    retry: int
+    group_size: int
+    limits: Limits
+    outcome: Outcome
+    reward: float | None
+    error: str | None
+    token_ids: list[int]
+    loss_mask: list[int]
+    rollout_logprobs: list[float]
+    token_versions: list[int]
+    prompt_tokens: int
+    turns: int
+    generated_tokens: int
+    context_tokens: int
+    times: TimeBreakdown
+    started_ns: int
+    finished_ns: int
+    oldest_version: int
+    newest_version: int
+    turn_records: tuple[TurnRecord, ...] = field(default=())
+
+    @property
+    def is_scored(self) -> bool:
+        return self.outcome.is_scored
+
+    @property
+    def duration_s(self) -> float:
+        return (self.finished_ns - self.started_ns) / 1e9
+
+
+@dataclass(frozen=True)
+class Pending:
+    """Not foldable yet: which seqs are missing (`last_seq` None = not finished yet)."""
+
+    trajectory_id: str
+    received: int
+    missing: tuple[int, ...]
+    last_seq: int | None
+
+    @property
+    def reason(self) -> str:
+        if self.last_seq is None:
+            return f"{self.received} events, trajectory.finished not seen yet"
+        return f"waiting for seq {list(self.missing[:5])} of 0..{self.last_seq}"
+
+
+def check_event(event: Event) -> str | None:
+    """Why this single rollout event can never be folded, or None when it is fine."""
+    if event.type not in ROLLOUT_EVENT_TYPES:
+        return f"{event.type} is not a rollout event"
+    if not event.trajectory_id or not event.group_id:
+        return f"{event.type} seq {event.seq} has no trajectory_id or group_id"
+    data = event.data
+    if isinstance(data, TurnGenerated):
+        n = len(data.output_token_ids)
+        if len(data.output_logprobs) != n or len(data.output_versions) != n:
+            return (
+                f"turn {data.turn} has {n} output tokens but {len(data.output_logprobs)} logprobs "
+                f"and {len(data.output_versions)} versions"
+            )
+    if isinstance(data, TrajectoryStarted) and event.seq != 0:
+        return f"trajectory.started has seq {event.seq}, expected 0"
+    if isinstance(data, TrajectoryFinished) and data.last_seq != event.seq:
+        return f"trajectory.finished has seq {event.seq} but last_seq {data.last_seq}"
+    return None
+
+
+def dedupe_by_seq(events: Iterable[Event]) -> dict[int, Event]:
+    """First copy of each event id, indexed by seq; two different ids at one seq is malformed."""
+    by_seq: dict[int, Event] = {}
+    for event in events:
+        seen = by_seq.get(event.seq)
+        if seen is None:
+            by_seq[event.seq] = event
+        elif seen.id != event.id:
+            raise MalformedTrajectory(
+                event.trajectory_id, f"two different events {seen.id} and {event.id} at seq {event.seq}"
+            )
+    return by_seq
+
+
+def fold_trajectory(events: Iterable[Event]) -> Trajectory | Pending:
+    """The trajectory of these events, or what it still waits for."""
+    by_seq = dedupe_by_seq(events)
+    if not by_seq:
+        raise MalformedTrajectory(None, "no events")
+    first = next(iter(by_seq.values()))
+    trajectory_id = first.trajectory_id or ""
+    for event in by_seq.values():
+        if event.trajectory_id != first.trajectory_id or event.group_id != first.group_id:
+            raise MalformedTrajectory(
+                trajectory_id, f"event seq {event.seq} belongs to {event.trajectory_id}"
+            )
+        reason = check_event(event)
+        if reason:
+            raise MalformedTrajectory(trajectory_id, reason)
+    last_seq = next((e.seq for e in by_seq.values() if isinstance(e.data, TrajectoryFinished)), None)
+    if last_seq is None:
+        return Pending(trajectory_id, len(by_seq), (), None)
+    if max(by_seq) > last_seq:
+        raise MalformedTrajectory(
+            trajectory_id, f"event seq {max(by_seq)} after trajectory.finished {last_seq}"
+        )
+    missing = tuple(s for s in range(last_seq + 1) if s not in by_seq)
+    if missing:
+        return Pending(trajectory_id, len(by_seq), missing, last_seq)
+    return _build([by_seq[s] for s in range(last_seq + 1)])
+
+
+@dataclass
+class _Arrays:
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    def add_context(self, ids: list[int]) -> None:
+        self.token_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [PROMPT_VERSION] * len(ids)
+
+    def add_output(self, turn: TurnGenerated) -> None:
+        self.token_ids += turn.output_token_ids
+        self.loss_mask += [1] * len(turn.output_token_ids)
+        self.logprobs += turn.output_logprobs
+        self.versions += turn.output_versions
+
+
+@dataclass
+class _Times:
+    llm_s: float = 0.0
+    tool_s: float = 0.0
+    sandbox_start_s: float = 0.0
+    tests_s: float = 0.0
+    queue_s: float = 0.0
+
+    def add(self, event: Event) -> None:
+        data = event.data
+        if isinstance(data, TurnGenerated):
+            self.llm_s += data.latency_s
+            self.queue_s += data.queue_wait_s
+        elif isinstance(data, ToolExecuted):
+            self.tool_s += data.duration_s
+        elif isinstance(data, SandboxReady):
+            self.sandbox_start_s += data.start_s
+            self.queue_s += data.queue_wait_s
+        elif isinstance(data, TestsRan):
+            self.tests_s += data.duration_s
+
+
+def _build(events: list[Event]) -> Trajectory:
+    """Fold a complete, gap-free, validated list of events (seq 0..last)."""
+    start, end = events[0], events[-1]
+    started, finished = start.data, end.data
+    if not isinstance(started, TrajectoryStarted) or not isinstance(finished, TrajectoryFinished):
+        raise MalformedTrajectory(start.trajectory_id, "seq 0 must be trajectory.started")
+    arrays, times = _Arrays(), _Times()
+    arrays.add_context(started.prompt_token_ids)
+    records: list[TurnRecord] = []
+    turn_versions: list[int] = []
+    for event in events[1:-1]:
+        times.add(event)
+        data = event.data
+        if isinstance(data, TurnGenerated):
+            if data.turn != len(records) + 1:
+                raise MalformedTrajectory(
+                    start.trajectory_id, f"turn {data.turn} follows turn {len(records)}"
+                )
+            observation_start = len(arrays.token_ids)
+            arrays.add_context(data.observation_token_ids)
+            output_start = len(arrays.token_ids)
+            arrays.add_output(data)
+            turn_versions += data.output_versions or [data.weight_version]
+            records.append(
+                TurnRecord(
+                    data.turn,
+                    observation_start,
+                    output_start,
+                    len(arrays.token_ids),
+                    None,
+                    None,
+                    data.finish_reason,
+                )
+            )
+        elif isinstance(data, ToolExecuted) and records and records[-1].turn == data.turn:
+            records[-1] = TurnRecord(
+                **{**records[-1].__dict__, "command": data.command, "tool_output": data.output}
+            )
+    total_s = max(0.0, (end.time_ns - start.time_ns) / 1e9)
+    breakdown = TimeBreakdown(
+        llm_s=times.llm_s,
+        tool_s=times.tool_s,
+        sandbox_start_s=times.sandbox_start_s,
+        agent_install_s=finished.times.agent_install_s,
+        tests_s=times.tests_s,
+        queue_s=times.queue_s,
+        total_s=total_s,
+    )
+    reward = None if finished.outcome.is_infra_error else finished.reward
+    return Trajectory(
+        run_id=start.run_id,
+        group_id=start.group_id or "",
+        trajectory_id=start.trajectory_id or "",
+        task_id=start.task_id or "",
+        attempt=started.attempt,
+        retry=started.retry,
+        group_size=started.group_size,
+        limits=started.limits,
+        outcome=finished.outcome,
+        reward=reward,
+        error=finished.error,
+        token_ids=arrays.token_ids,
+        loss_mask=arrays.loss_mask,
+        rollout_logprobs=arrays.logprobs,
+        token_versions=arrays.versions,
+        prompt_tokens=len(started.prompt_token_ids),
+        turns=len(records),
+        generated_tokens=sum(arrays.loss_mask),
+        context_tokens=len(arrays.token_ids),
+        times=breakdown,
+        started_ns=start.time_ns,
+        finished_ns=end.time_ns,
+        oldest_version=min(turn_versions, default=start.policy_version),
+        newest_version=max(turn_versions, default=start.policy_version),
+        turn_records=tuple(records),
+    )

@@ -1,0 +1,292 @@
+"""Synthetic rollout event streams, shaped like the rollout worker's (for tests and benchmarks).
+
+`trajectory_events(...)` writes one episode as the rollout worker does: started,
+sandbox requested/ready (or failed, for an infrastructure error), per turn a
+`turn.generated` and a `tool.executed`, `tests.ran`, sandbox released, finished;
+seqs are gap-free and ids deterministic. `synthetic_run(...)` draws a whole run
+with a realistic mix of outcomes (resolved, unresolved, truncated, infra errors
+that are re-run). Pure: times come from the arguments, randomness from a seed.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from streams.events import Event, make_event
+from streams.outcomes import Outcome
+from streams.payloads import (
+    Limits,
+    Payload,
+    SandboxFailed,
+    SandboxReady,
+    SandboxReleased,
+    SandboxRequested,
+    TestsRan,
+    ToolExecuted,
+    TrajectoryFinished,
+    TrajectoryStarted,
+    TurnGenerated,
+    WeightsPublished,
+)
+
+NS = 1_000_000_000
+VOCAB = 32_000
+
+
+@dataclass(frozen=True)
+class AttemptSpec:
+    """One episode to write: which attempt, how it ends, how long each turn takes."""
+
+    attempt: int
+    retry: int = 0
+    turns: int = 3
+    outcome: Outcome = Outcome.RESOLVED
+    reward: float | None = 1.0
+    version: int = 0
+    output_tokens: int = 8
+    observation_tokens: int = 6
+    start_s: float = 0.0
+    turn_s: float = 1.0
+    group_size: int = 8
+
+
+def trajectory_id_of(group_id: str, attempt: int, retry: int = 0) -> str:
+    return f"{group_id}/a{attempt}r{retry}"
+
+
+def trajectory_events(
+    run_id: str,
+    group_id: str,
+    spec: AttemptSpec,
+    *,
+    t0_ns: int = 1_700_000_000 * NS,
+    limits: Limits | None = None,
+    source: str = "rollout-0",
+) -> list[Event]:
+    """The events of one episode, in seq order."""
+    trajectory_id = trajectory_id_of(group_id, spec.attempt, spec.retry)
+    rng = random.Random(trajectory_id)
+    clock = [t0_ns + int(spec.start_s * NS)]
+    events: list[Event] = []
+
+    def emit(data: Payload, advance_s: float = 0.0) -> None:
+        clock[0] += int(advance_s * NS)
+        events.append(
+            make_event(
+                data,
+                run_id=run_id,
+                seq=len(events),
+                time_ns=clock[0],
+                source=source,
+                group_id=group_id,
+                trajectory_id=trajectory_id,
+                task_id=group_id.split("/")[-1],
+                policy_version=spec.version,
+            )
+        )
+
+    prompt = [rng.randrange(VOCAB) for _ in range(12)]
+    emit(
+        TrajectoryStarted(
+            attempt=spec.attempt,
+            retry=spec.retry,
+            group_size=spec.group_size,
+            limits=limits or Limits(),
+            prompt_token_ids=prompt,
+        )
+    )
+    emit(SandboxRequested(backend="simulated"))
+    if spec.outcome.is_infra_error and spec.outcome != Outcome.INFRA_VERIFIER:
+        emit(
+            SandboxFailed(
+                backend="simulated", error_kind=spec.outcome.value.split(":")[1], message="simulated failure"
+            ),
+            0.5,
+        )
+        emit(_finished(spec, len(events), turns=0, generated=0, context=len(prompt)))
+        return events
+    emit(
+        SandboxReady(backend="simulated", sandbox_id=f"sb-{trajectory_id}", queue_wait_s=0.1, start_s=0.4),
+        0.5,
+    )
+    context, generated = len(prompt), 0
+    for turn in range(1, spec.turns + 1):
+        observation = [] if turn == 1 else [rng.randrange(VOCAB) for _ in range(spec.observation_tokens)]
+        output = [rng.randrange(VOCAB) for _ in range(spec.output_tokens)]
+        context += len(observation) + len(output)
+        generated += len(output)
+        emit(
+            TurnGenerated(
+                turn=turn,
+                observation_token_ids=observation,
+                output_token_ids=output,
+                output_logprobs=[-rng.random() for _ in output],
+                output_versions=[spec.version] * len(output),
+                finish_reason="stop",
+                engine_id="engine-0",
+                weight_version=spec.version,
+                context_tokens=context,
+                queue_wait_s=0.01,
+                latency_s=spec.turn_s * 0.7,
+            ),
+            spec.turn_s * 0.7,
+        )
+        emit(
+            ToolExecuted(
+                turn=turn,
+                command=f"ls step{turn}",
+                exit_code=0,
+                output=f"file{turn}.py\n",
+                output_bytes=12,
+                truncated=False,
+                duration_s=spec.turn_s * 0.3,
+            ),
+            spec.turn_s * 0.3,
+        )
+    if spec.outcome != Outcome.INFRA_VERIFIER:
+        passed = spec.outcome == Outcome.RESOLVED
+        emit(
+            TestsRan(
+                fail_to_pass={"test_fix": passed},
+                pass_to_pass={"test_old": True},
+                duration_s=0.2,
+                reward=spec.reward or 0.0,
+            ),
+            0.2,
+        )
+    emit(SandboxReleased(backend="simulated", sandbox_id=f"sb-{trajectory_id}", lifetime_s=1.0))
+    emit(_finished(spec, len(events), turns=spec.turns, generated=generated, context=context))
+    return events
+
+
+def _finished(spec: AttemptSpec, seq: int, *, turns: int, generated: int, context: int) -> TrajectoryFinished:
+    reward = None if spec.outcome.is_infra_error else spec.reward
+    return TrajectoryFinished(
+        outcome=spec.outcome,
+        reward=reward,
+        turns=turns,
+        generated_tokens=generated,
+        context_tokens=context,
+        last_seq=seq,
+    )
+
+
+def group_events(
+    run_id: str,
+    group_id: str,
+    specs: list[AttemptSpec],
+    *,
+    t0_ns: int = 1_700_000_000 * NS,
+    limits: Limits | None = None,
+) -> list[Event]:
+    """Every event of a group's episodes, interleaved in time order as a rollout fleet writes them."""
+    events = [
+        e for spec in specs for e in trajectory_events(run_id, group_id, spec, t0_ns=t0_ns, limits=limits)
+    ]
+    return sorted(events, key=lambda e: (e.time_ns, e.trajectory_id or "", e.seq))
+
+
+def random_attempts(
+    rng: random.Random,
+    group_size: int,
+    *,
+    max_turns: int = 12,
+    version: int = 0,
+    infra_rate: float = 0.03,
+    truncated_rate: float = 0.1,
+) -> list[AttemptSpec]:
+    """A group's attempts: mostly resolved/unresolved, some truncated, infra errors re-run once."""
+    specs = []
+    for attempt in range(group_size):
+        start = rng.random() * 2
+        if rng.random() < infra_rate:
+            specs.append(
+                AttemptSpec(
+                    attempt,
+                    0,
+                    0,
+                    Outcome.INFRA_SANDBOX_START,
+                    None,
+                    version,
+                    start_s=start,
+                    group_size=group_size,
+                )
+            )
+            specs.append(
+                _scored(rng, attempt, 1, max_turns, version, start + 1.0, group_size, truncated_rate)
+            )
+        else:
+            specs.append(_scored(rng, attempt, 0, max_turns, version, start, group_size, truncated_rate))
+    return specs
+
+
+def _scored(
+    rng: random.Random,
+    attempt: int,
+    retry: int,
+    max_turns: int,
+    version: int,
+    start: float,
+    group_size: int,
+    truncated_rate: float,
+) -> AttemptSpec:
+    if rng.random() < truncated_rate:
+        return AttemptSpec(
+            attempt,
+            retry,
+            max_turns,
+            Outcome.TRUNCATED_TURNS,
+            0.0,
+            version,
+            start_s=start,
+            turn_s=0.5 + rng.random(),
+            group_size=group_size,
+        )
+    resolved = rng.random() < 0.4
+    return AttemptSpec(
+        attempt,
+        retry,
+        rng.randint(1, max_turns - 1),
+        Outcome.RESOLVED if resolved else Outcome.UNRESOLVED,
+        1.0 if resolved else 0.0,
+        version,
+        start_s=start,
+        turn_s=0.5 + rng.random(),
+        group_size=group_size,
+    )
+
+
+def synthetic_run(
+    run_id: str,
+    groups: int,
+    group_size: int = 8,
+    *,
+    seed: int = 0,
+    max_turns: int = 12,
+    t0_ns: int = 1_700_000_000 * NS,
+) -> list[Event]:
+    """A run's rollout events, group after group (each group's events in time order)."""
+    rng = random.Random(seed)
+    events: list[Event] = []
+    for index in range(groups):
+        specs = random_attempts(rng, group_size, max_turns=max_turns)
+        events += group_events(
+            run_id,
+            f"{run_id}/g{index:06d}",
+            specs,
+            t0_ns=t0_ns + index * NS,
+            limits=Limits(max_turns=max_turns),
+        )
+    return events
+
+
+def weights_event(run_id: str, version: int, time_ns: int) -> Event:
+    return make_event(
+        WeightsPublished(version=version, path=f"/weights/v{version}", step=version),
+        run_id=run_id,
+        seq=version,
+        time_ns=time_ns,
+        source="trainer",
+        id_key=f"weights:{run_id}",
+    )
