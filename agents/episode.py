@@ -1,0 +1,396 @@
+"""One agent episode: a sandbox from the pool, model turns, tool runs, the verifier, and events.
+
+Events (one `EventSink`, seq gap-free from 0, ids from (trajectory id, seq)):
+
+    trajectory.started (prompt token ids, limits) -> sandbox.requested ->
+    sandbox.ready | sandbox.failed -> (turn.generated -> tool.executed)* ->
+    tests.ran -> sandbox.released -> trajectory.finished
+
+Token layout: the prompt is in `trajectory.started`; each `turn.generated` carries
+the ids appended to the context since the previous turn's output (observation,
+loss mask 0; empty on turn 1) and the engine's output ids, logprobs and versions
+exactly as returned. The context sent to the engine is always prompt + the
+concatenation of those arrays.
+
+How it ends (`trajectory.finished.outcome`):
+- the agent submits, or makes `max_format_errors` format errors in a row: the
+  verifier decides `resolved` (reward >= 1) or `unresolved`;
+- a length control (`agents.limits`) stops it: `truncated:turns|tokens|context`,
+  the verifier still runs and its reward is kept;
+- `Episode.abort()` (group deadline): the in-flight engine request is aborted,
+  no verifier, `truncated:deadline` with reward 0;
+- an infrastructure failure (sandbox, engine, network, verifier): `infra_error:*`
+  with reward None, never a score.
+
+A task cancelled without `abort()` (worker shutdown) writes nothing more: its
+request is re-run elsewhere and the re-run writes the same ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from agents.chat import ChatFormat
+from agents.engine.protocol import EngineError, Generation, SamplingParams
+from agents.identity import request_id, sampling_seed
+from agents.limits import CallBudget, next_call_budget, stop_after_call
+from agents.policy import Policy
+from agents.scaffold import (
+    Action,
+    FormatError,
+    instance_prompt,
+    parse_reply,
+    render_observation,
+    system_prompt,
+)
+from agents.settings import AgentSettings
+from sandboxes.base import Sandbox, SandboxError
+from streams.events import Event, make_event
+from streams.outcomes import Outcome, infra_outcome
+from streams.payloads import (
+    Limits,
+    Payload,
+    SandboxFailed,
+    SandboxReady,
+    SandboxReleased,
+    SandboxRequested,
+    TestsRan,
+    TimeBreakdown,
+    ToolExecuted,
+    TrajectoryFinished,
+    TrajectoryStarted,
+    TurnGenerated,
+)
+
+if TYPE_CHECKING:
+    from sandboxes.tasks import Task, Verdict
+
+ENGINE_ERROR_OUTCOMES = {
+    "network": Outcome.INFRA_NETWORK,
+    "engine": Outcome.INFRA_ENGINE,
+    "request": Outcome.INFRA_ENGINE,
+    "context": Outcome.TRUNCATED_CONTEXT,
+}
+
+
+class EventSink(Protocol):
+    async def emit(self, event: Event) -> None: ...
+
+
+class SandboxSource(Protocol):
+    """`sandboxes.pool.SandboxPool` (or anything with its `sandbox()`)."""
+
+    def sandbox(self, workspace: Path | None) -> AbstractAsyncContextManager[Sandbox]: ...
+
+
+Verifier = Callable[["Sandbox", "Task"], Awaitable["Verdict"]]
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    run_id: str
+    group_id: str
+    trajectory_id: str
+    task: Task
+    attempt: int
+    retry: int
+    group_size: int
+    limits: Limits
+
+
+@dataclass(frozen=True)
+class EpisodeServices:
+    """What every episode of a worker shares."""
+
+    policy: Policy
+    sandboxes: SandboxSource
+    verifier: Verifier
+    chat: ChatFormat
+    agent: AgentSettings
+    backend: str
+    source: str
+    command_timeout_s: float
+
+
+@dataclass
+class _Counters:
+    turns: int = 0
+    generated: int = 0
+    context: list[int] = field(default_factory=list)
+    pending_observation: list[int] = field(default_factory=list)
+    llm_s: float = 0.0
+    tool_s: float = 0.0
+    tests_s: float = 0.0
+    sandbox_start_s: float = 0.0
+    queue_s: float = 0.0
+
+
+class _Ended(Exception):
+    """Raised inside the body to end the episode with an outcome and no verifier."""
+
+    def __init__(self, outcome: Outcome, error: str | None = None) -> None:
+        super().__init__(error or str(outcome))
+        self.outcome = outcome
+        self.error = error
+
+
+class Episode:
+    def __init__(self, spec: EpisodeSpec, services: EpisodeServices, sink: EventSink) -> None:
+        self.spec = spec
+        self.services = services
+        self.sink = sink
+        self.seq = 0
+        self.version = 0
+        self.aborted: str | None = None
+        self.counters = _Counters()
+        self._task: asyncio.Task[TrajectoryFinished] | None = None
+        self._cancellable = False
+        self._rid: str | None = None
+
+    # ---- control -------------------------------------------------------------------
+
+    def abort(self, reason: str = "group_deadline") -> None:
+        """End the episode now as `truncated:deadline` (idempotent)."""
+        if self.aborted is not None:
+            return
+        self.aborted = reason
+        if self._cancellable and self._task is not None:
+            self._task.cancel(f"abort: {reason}")
+
+    async def run(self) -> TrajectoryFinished:
+        self._task = asyncio.current_task()  # type: ignore[assignment]
+        started = time.monotonic()
+        prompt = self.services.chat.prompt(
+            system_prompt(self.services.agent.submit_command), instance_prompt(self.spec.task.instruction)
+        )
+        self.counters.context = list(prompt)
+        s = self.spec
+        await self._emit(TrajectoryStarted(
+            attempt=s.attempt, retry=s.retry, group_size=s.group_size, limits=s.limits,
+            prompt_token_ids=prompt,
+        ))  # fmt: skip
+        outcome, reward, error = await self._run_cancellable()
+        return await self._finish(outcome, reward, error, time.monotonic() - started)
+
+    async def _run_cancellable(self) -> tuple[Outcome, float | None, str | None]:
+        if self.aborted is not None:
+            return Outcome.TRUNCATED_DEADLINE, 0.0, f"aborted: {self.aborted}"
+        self._cancellable = True
+        try:
+            return await self._in_sandbox()
+        except asyncio.CancelledError:
+            if self.aborted is None:
+                raise  # shutdown: write nothing more
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            await self._abort_in_flight()
+            return Outcome.TRUNCATED_DEADLINE, 0.0, f"aborted: {self.aborted}"
+        finally:
+            self._cancellable = False
+
+    async def _abort_in_flight(self) -> None:
+        if self._rid is None:
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.services.policy.abort(self._rid), timeout=10.0)
+
+    # ---- sandbox ------------------------------------------------------------------
+
+    async def _in_sandbox(self) -> tuple[Outcome, float | None, str | None]:
+        backend = self.services.backend
+        await self._emit(SandboxRequested(backend=backend))
+        box: Sandbox | None = None
+        ready_at = 0.0
+        try:
+            async with self.services.sandboxes.sandbox(self.spec.task.workspace) as box:
+                ready_at = time.monotonic()
+                await self._sandbox_ready(box)
+                return await self._episode(box)
+        except SandboxError as error:
+            kind = error.kind if box is None or error.kind != "sandbox_start" else "sandbox_lost"
+            await self._emit(SandboxFailed(backend=backend, error_kind=kind, message=str(error)))
+            return infra_outcome(kind), None, f"{type(error).__name__}: {error}"
+        except _Ended as ended:
+            return ended.outcome, None, ended.error
+        finally:
+            if box is not None and ready_at and (self.aborted is not None or not self._cancelled()):
+                lifetime = time.monotonic() - ready_at
+                await self._emit(SandboxReleased(backend=backend, sandbox_id=box.id, lifetime_s=lifetime))
+
+    def _cancelled(self) -> bool:
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() > 0
+
+    async def _sandbox_ready(self, box: Sandbox) -> None:
+        timings = box.timings
+        self.counters.sandbox_start_s = timings.start_s
+        self.counters.queue_s = timings.queued_s
+        await self._emit(SandboxReady(
+            backend=box.backend, sandbox_id=box.id, queue_wait_s=max(timings.queued_s, 0.0),
+            start_s=max(timings.start_s, 0.0),
+        ))  # fmt: skip
+
+    async def _episode(self, box: Sandbox) -> tuple[Outcome, float | None, str | None]:
+        """Turns until an end, then the verifier (except on infrastructure errors)."""
+        ended_by = await self._turns(box)
+        verdict = await self._verify(box)
+        if ended_by is not None:
+            return ended_by, verdict.reward, None
+        outcome = Outcome.RESOLVED if verdict.reward >= 1.0 else Outcome.UNRESOLVED
+        return outcome, verdict.reward, None
+
+    async def _verify(self, box: Sandbox) -> Verdict:
+        t0 = time.monotonic()
+        try:
+            verdict = await self.services.verifier(box, self.spec.task)
+        except SandboxError as error:
+            raise _Ended(infra_outcome(error.kind), f"verifier: {error}") from None
+        self.counters.tests_s = time.monotonic() - t0
+        await self._emit(TestsRan(
+            fail_to_pass=dict(verdict.fail_to_pass), pass_to_pass=dict(verdict.pass_to_pass),
+            duration_s=max(verdict.duration_s, 0.0), reward=verdict.reward,
+        ))  # fmt: skip
+        return verdict
+
+    # ---- turns --------------------------------------------------------------------
+
+    async def _turns(self, box: Sandbox) -> Outcome | None:
+        """Run turns; None when the agent submitted (or gave up on format), else the cap hit."""
+        c = self.counters
+        format_errors = 0
+        while True:
+            budget = next_call_budget(self.spec.limits, c.turns, c.generated, len(c.context))
+            if budget.stop is not None:
+                return budget.stop
+            try:
+                generation = await self._generate(budget)
+            except _TruncatedByEngine as refused:
+                return refused.outcome
+            capped = stop_after_call(budget, len(generation.output_ids), generation.finish_reason)
+            if capped is not None:
+                return capped
+            text = self.services.chat.reply_text(generation.output_ids)
+            reply = parse_reply(text, self.services.agent.submit_command)
+            if isinstance(reply, FormatError):
+                format_errors += 1
+                await self._show_format_error(reply, generation)
+                if format_errors >= self.services.agent.max_format_errors:
+                    return None
+                continue
+            format_errors = 0
+            if await self._act(box, reply, generation):
+                return None
+
+    async def _generate(self, budget: CallBudget) -> Generation:
+        c = self.counters
+        turn = c.turns + 1
+        agent = self.services.agent
+        params = SamplingParams(
+            max_new_tokens=budget.max_new_tokens, temperature=agent.temperature, top_p=agent.top_p,
+            top_k=agent.top_k, seed=sampling_seed(self.spec.trajectory_id, turn),
+            stop_token_ids=self.services.chat.stop_token_ids,
+        )  # fmt: skip
+        self._rid = request_id(self.spec.trajectory_id, turn)
+        t0 = time.monotonic()
+        try:  # on cancellation `_rid` stays set, so a deadline abort can abort it in the engine
+            generation = await self.services.policy.generate(list(c.context), params, self._rid)
+        except EngineError as error:
+            self._rid = None
+            outcome = ENGINE_ERROR_OUTCOMES.get(error.kind, Outcome.INFRA_ENGINE)
+            if outcome.is_truncated:
+                raise _TruncatedByEngine(outcome) from None
+            raise _Ended(outcome, str(error)) from None
+        finally:
+            c.llm_s += time.monotonic() - t0
+        self._rid = None
+        if generation.finish_reason == "abort":
+            raise _Ended(Outcome.INFRA_ENGINE, "the engine aborted the request (not by this episode)")
+        c.turns = turn
+        c.generated += len(generation.output_ids)
+        observation, c.pending_observation = c.pending_observation, []
+        c.context.extend(generation.output_ids)
+        self.version = max(self.version, generation.weight_version)
+        await self._emit(TurnGenerated(
+            turn=turn, observation_token_ids=observation, output_token_ids=list(generation.output_ids),
+            output_logprobs=list(generation.output_logprobs),
+            output_versions=list(generation.output_versions),
+            finish_reason=generation.finish_reason, engine_id=generation.engine_id,
+            weight_version=generation.weight_version, context_tokens=len(c.context),
+            queue_wait_s=max(generation.queue_wait_s, 0.0), latency_s=max(generation.latency_s, 0.0),
+        ))  # fmt: skip
+        return generation
+
+    def _observe(self, generation: Generation, content: str) -> None:
+        ids = self.services.chat.observation(generation.output_ids, content)
+        self.counters.pending_observation = ids
+        self.counters.context.extend(ids)
+
+    async def _show_format_error(self, error: FormatError, generation: Generation) -> None:
+        message = error.message
+        await self._emit(ToolExecuted(
+            turn=self.counters.turns, command="", exit_code=None, output=message,
+            output_bytes=len(message.encode()), truncated=False, duration_s=0.0, format_error=True,
+        ))  # fmt: skip
+        self._observe(generation, message)
+
+    async def _act(self, box: Sandbox, action: Action, generation: Generation) -> bool:
+        """Run the action's command (if any); True when the agent submits."""
+        if not action.command:
+            return action.submits
+        timeout = self.services.command_timeout_s
+        t0 = time.monotonic()
+        result = await box.exec(action.command, timeout=timeout)
+        self.counters.tool_s += time.monotonic() - t0
+        output = result.stdout + result.stderr
+        shown = render_observation(
+            result.exit_code, output, self.spec.limits.tool_output_chars, result.timed_out, timeout
+        )
+        await self._emit(ToolExecuted(
+            turn=self.counters.turns, command=action.command, exit_code=result.exit_code, output=shown.text,
+            output_bytes=max(result.output_bytes, len(output.encode())),
+            truncated=shown.truncated or result.output_truncated, duration_s=max(result.duration_s, 0.0),
+            timed_out=result.timed_out,
+        ))  # fmt: skip
+        if action.submits:
+            return True
+        self._observe(generation, shown.text)
+        return False
+
+    # ---- events -------------------------------------------------------------------
+
+    async def _emit(self, data: Payload) -> None:
+        s = self.spec
+        event = make_event(
+            data, run_id=s.run_id, seq=self.seq, time_ns=time.time_ns(), source=self.services.source,
+            group_id=s.group_id, trajectory_id=s.trajectory_id, task_id=s.task.id,
+            policy_version=self.version,
+        )  # fmt: skip
+        self.seq += 1
+        # shielded: a deadline abort must not leave a seq half-written (gap or reuse)
+        await asyncio.shield(self.sink.emit(event))
+
+    async def _finish(
+        self, outcome: Outcome, reward: float | None, error: str | None, total_s: float
+    ) -> TrajectoryFinished:
+        c = self.counters
+        times = TimeBreakdown(
+            llm_s=c.llm_s, tool_s=c.tool_s, sandbox_start_s=c.sandbox_start_s, tests_s=c.tests_s,
+            queue_s=c.queue_s, total_s=total_s,
+        )  # fmt: skip
+        finished = TrajectoryFinished(
+            outcome=outcome, reward=None if outcome.is_infra_error else reward, turns=c.turns,
+            generated_tokens=c.generated, context_tokens=len(c.context), last_seq=self.seq, error=error,
+            times=times,
+        )  # fmt: skip
+        await self._emit(finished)
+        return finished
+
+
+class _TruncatedByEngine(_Ended):
+    """The engine refused the context at its cap: a length control, so the verifier still runs."""
