@@ -1,0 +1,380 @@
+"""The embedded engine: continuous batching over a KV cache, in one scheduler thread.
+
+Callers (the HTTP server, tests, the benchmark) call `submit`, `abort`, `pause`,
+`resume` and `update_weights` from any thread; the scheduler thread owns the model
+and every running request and applies those calls between steps. Each step:
+
+1. apply aborts (the partial output comes back with finish reason "abort");
+2. admit queued requests while fewer than `max_running_requests` run and their
+   reserved tokens (input + max_new_tokens) fit in `kv_cache_tokens`;
+3. prefill: at most `prefill_chunk_tokens` prompt tokens, so a long prompt is spread
+   over several steps instead of stalling every decoding request;
+4. decode: one batched forward over all decoding requests, one token each.
+
+Context cap (`context_length`): input at or over the cap is refused with
+`ContextLengthError`; `max_new_tokens` is clamped to what the cap leaves, and a
+request that reaches it finishes with "length". Together with the KV budget and
+the admission queue this bounds what one runaway request can take from the others.
+
+Every token records the weight version that produced it; `update_weights` swaps the
+model between two steps, so tokens after it carry the new version.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from agents.engine.batch import DecodeBatch, EngineResult, RunningRequest
+from agents.engine.protocol import FinishReason, SamplingParams
+from agents.engine.sampling import BatchSampling, sample
+from agents.settings import EngineSettings
+from trainer.checkpoint import load_model, weight_version
+from trainer.model import KVCache, PolicyModel
+
+
+class EngineRefusal(ValueError):
+    """A request the engine will not run; the message says why and what to do."""
+
+
+class ContextLengthError(EngineRefusal):
+    pass
+
+
+class QueueFullError(EngineRefusal):
+    pass
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int
+    prefilling: int
+    queued: int
+    reserved_kv_tokens: int
+    kv_cache_tokens: int
+    weight_version: int
+    paused: bool
+    decode_steps: int
+    generated_tokens: int
+
+
+class Engine:
+    def __init__(self, model_dir: Path, settings: EngineSettings, model: PolicyModel | None = None) -> None:
+        self.settings = settings
+        self.model_dir = Path(model_dir)
+        self.model = model if model is not None else load_model(self.model_dir)
+        self.weight_version = weight_version(self.model_dir) if model is None else 0
+        self._lock = threading.Condition()
+        self._queue: deque[RunningRequest] = deque()
+        self._prefilling: list[RunningRequest] = []
+        self._batch = DecodeBatch(self.model.config, settings.context_length)
+        self._by_rid: dict[str, RunningRequest] = {}
+        self._aborts: set[str] = set()
+        self._pending_model: tuple[PolicyModel, int, concurrent.futures.Future[int]] | None = None
+        self._paused = False
+        self._stopping = False
+        self._seeds = random.Random(settings.seed)
+        self._decode_steps = 0
+        self._generated = 0
+        self._thread = threading.Thread(target=self._run, name="engine-scheduler", daemon=True)
+
+    # ---- public API (any thread) ----
+    def start(self) -> Engine:
+        if self.settings.torch_threads > 0:
+            torch.set_num_threads(self.settings.torch_threads)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._aborts.update(self._by_rid)
+            self._lock.notify_all()
+        self._thread.join(timeout=30)
+
+    def submit(
+        self, rid: str, input_ids: list[int], params: SamplingParams
+    ) -> concurrent.futures.Future[EngineResult]:
+        """Queue a request. A retry with the same rid and input joins the request already in flight."""
+        cap = self.settings.context_length
+        if not input_ids:
+            raise EngineRefusal("input_ids is empty: send at least one token")
+        if len(input_ids) >= cap:
+            raise ContextLengthError(
+                f"The input ({len(input_ids)} tokens) is longer than the model's context length "
+                f"({cap} tokens): shorten the context or raise engine.context_length"
+            )
+        vocab = self.model.config.vocab_size
+        if min(input_ids) < 0 or max(input_ids) >= vocab:
+            raise EngineRefusal(f"input_ids must be token ids in [0, {vocab})")
+        with self._lock:
+            existing = self._by_rid.get(rid)
+            if existing is not None:
+                if existing.same_request(input_ids, params):
+                    return existing.future
+                raise EngineRefusal(f"request id {rid!r} is already in flight with different input")
+            if len(self._queue) >= self.settings.max_queued_requests:
+                raise QueueFullError(
+                    f"engine queue is full ({self.settings.max_queued_requests} requests): retry later "
+                    f"or raise engine.max_queued_requests"
+                )
+            seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+            request = RunningRequest(
+                rid=rid,
+                input_ids=list(input_ids),
+                params=params,
+                seed=seed,
+                max_new_tokens=min(params.max_new_tokens, cap - len(input_ids)),
+                arrival=time.monotonic(),
+                future=concurrent.futures.Future(),
+            )
+            if request.max_new_tokens == 0:
+                request.future.set_result(request.result("length", self.weight_version, time.monotonic()))
+                return request.future
+            self._by_rid[rid] = request
+            self._queue.append(request)
+            self._lock.notify_all()
+            return request.future
+
+    def abort(self, rid: str) -> bool:
+        """Abort one request (queued or running); False when no such request is in flight."""
+        with self._lock:
+            if rid not in self._by_rid:
+                return False
+            self._aborts.add(rid)
+            self._lock.notify_all()
+            return True
+
+    def abort_all(self) -> int:
+        with self._lock:
+            self._aborts.update(self._by_rid)
+            self._lock.notify_all()
+            return len(self._by_rid)
+
+    def pause(self, abort_running: bool = False) -> None:
+        """Stop stepping (requests stay where they are); with abort_running, abort them first."""
+        with self._lock:
+            if abort_running:
+                self._aborts.update(self._by_rid)
+            self._paused = True
+            self._lock.notify_all()
+
+    def resume(self) -> None:
+        with self._lock:
+            self._paused = False
+            self._lock.notify_all()
+
+    def update_weights(
+        self, model_dir: Path, version: int | None = None
+    ) -> concurrent.futures.Future[int]:
+        """Load weights (in the caller's thread) and swap them in between two steps.
+
+        The future resolves to the new weight version once the swap happened."""
+        model = load_model(Path(model_dir))
+        if model.config != self.model.config:
+            raise EngineRefusal(f"{model_dir} has a different architecture than the served model")
+        new_version = version if version is not None else weight_version(Path(model_dir))
+        done: concurrent.futures.Future[int] = concurrent.futures.Future()
+        with self._lock:
+            self._pending_model = (model, new_version, done)
+            self._lock.notify_all()
+        return done
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            return EngineStats(
+                running=len(self._batch),
+                prefilling=len(self._prefilling),
+                queued=len(self._queue),
+                reserved_kv_tokens=self._reserved(),
+                kv_cache_tokens=self.settings.kv_cache_tokens,
+                weight_version=self.weight_version,
+                paused=self._paused,
+                decode_steps=self._decode_steps,
+                generated_tokens=self._generated,
+            )
+
+    # ---- scheduler thread ----
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._lock:
+                    while not self._stopping and not self._has_control_work() and not self._can_step():
+                        self._lock.wait()
+                    if self._stopping and not self._by_rid:
+                        return
+                    self._apply_control()
+                    step = self._can_step()
+                    if step:
+                        self._admit()
+                if step:
+                    self._step()
+
+    def _has_control_work(self) -> bool:
+        return bool(self._aborts) or self._pending_model is not None
+
+    def _can_step(self) -> bool:
+        return not self._paused and bool(self._queue or self._prefilling or len(self._batch))
+
+    def _apply_control(self) -> None:
+        if self._pending_model is not None:
+            model, version, done = self._pending_model
+            self.model, self.weight_version, self._pending_model = model, version, None
+            done.set_result(version)
+        if self._aborts:
+            self._apply_aborts()
+
+    def _apply_aborts(self) -> None:
+        now = time.monotonic()
+        rows = [i for i, r in enumerate(self._batch.requests) if r.rid in self._aborts]
+        aborted = [self._batch.requests[i] for i in rows]
+        if rows:
+            self._batch.remove(rows)
+        aborted += [r for r in self._prefilling if r.rid in self._aborts]
+        aborted += [r for r in self._queue if r.rid in self._aborts]
+        self._prefilling = [r for r in self._prefilling if r.rid not in self._aborts]
+        self._queue = deque(r for r in self._queue if r.rid not in self._aborts)
+        self._aborts.clear()
+        for request in aborted:
+            self._finish(request, "abort", now)
+
+    def _reserved(self) -> int:
+        return sum(r.reserved_tokens for r in self._batch.requests) + sum(
+            r.reserved_tokens for r in self._prefilling
+        )
+
+    def _admit(self) -> None:
+        reserved = self._reserved()
+        while self._queue:
+            running = len(self._batch) + len(self._prefilling)
+            request = self._queue[0]
+            fits = reserved + request.reserved_tokens <= self.settings.kv_cache_tokens
+            if running >= self.settings.max_running_requests or (running and not fits):
+                return
+            self._queue.popleft()
+            request.admitted = time.monotonic()
+            reserved += request.reserved_tokens
+            self._prefilling.append(request)
+
+    def _finish(self, request: RunningRequest, reason: FinishReason, now: float) -> None:
+        self._by_rid.pop(request.rid, None)
+        request.prefill_cache = None
+        if not request.future.done():
+            request.future.set_result(request.result(reason, self.weight_version, now))
+
+    def _step(self) -> None:
+        """One prefill chunk budget plus one decode step. Runs without the lock: only this thread
+        touches running requests; other threads only append to the queue under the lock."""
+        model, version = self.model, self.weight_version
+        finished: list[tuple[RunningRequest, FinishReason]] = []
+        finished += self._prefill(model, version)
+        if len(self._batch):
+            finished += self._decode(model, version)
+        if finished:
+            now = time.monotonic()
+            with self._lock:
+                for request, reason in finished:
+                    self._finish(request, reason, now)
+
+    def _prefill(self, model: PolicyModel, version: int) -> list[tuple[RunningRequest, FinishReason]]:
+        """Spend up to `prefill_chunk_tokens` on prompts: short ones batched whole (padded to the
+        longest), long ones one chunk at a time. Completed prompts sample their first token."""
+        budget = self.settings.prefill_chunk_tokens
+        group = self._whole_prompt_group(budget)
+        completed: list[tuple[RunningRequest, torch.Tensor, KVCache]] = []
+        if group:
+            budget -= len(group) * max(len(r.input_ids) for r in group)
+            completed += self._prefill_whole(model, group)
+        for request in [r for r in self._prefilling if r not in group]:
+            if budget <= 0:
+                break
+            total = len(request.input_ids)
+            if request.prefill_cache is None:
+                request.prefill_cache = KVCache.empty(model.config, 1, total, torch.float32)
+            chunk = request.input_ids[request.prefilled : request.prefilled + budget]
+            logits = model.forward_cached(
+                torch.tensor([chunk]), torch.tensor([request.prefilled]), request.prefill_cache
+            )
+            request.prefilled += len(chunk)
+            budget -= len(chunk)
+            if request.prefilled == total:
+                completed.append((request, logits[0, -1], request.prefill_cache))
+        return self._start_decoding(completed, version) if completed else []
+
+    def _whole_prompt_group(self, budget: int) -> list[RunningRequest]:
+        group: list[RunningRequest] = []
+        longest = 0
+        for request in self._prefilling:
+            length = len(request.input_ids)
+            if request.prefilled == 0 and (len(group) + 1) * max(longest, length) <= budget:
+                group.append(request)
+                longest = max(longest, length)
+        return group
+
+    def _prefill_whole(
+        self, model: PolicyModel, group: list[RunningRequest]
+    ) -> list[tuple[RunningRequest, torch.Tensor, KVCache]]:
+        lengths = [len(r.input_ids) for r in group]
+        longest = max(lengths)
+        # Right padding: pad positions get keys/values past each row's end, which decode overwrites
+        # or masks, so they never influence a real token.
+        tokens = torch.tensor([r.input_ids + [0] * (longest - len(r.input_ids)) for r in group])
+        cache = KVCache.empty(model.config, len(group), longest, torch.float32)
+        logits = model.forward_cached(tokens, torch.zeros(len(group), dtype=torch.long), cache)
+        last = logits[torch.arange(len(group)), torch.tensor(lengths) - 1]
+        for request in group:
+            request.prefilled = len(request.input_ids)
+        return [(request, last[i], cache.row(i)) for i, request in enumerate(group)]
+
+    def _start_decoding(
+        self, completed: list[tuple[RunningRequest, torch.Tensor, KVCache]], version: int
+    ) -> list[tuple[RunningRequest, FinishReason]]:
+        """Sample each completed prompt's first token and move it into the decode batch."""
+        requests = [request for request, _, _ in completed]
+        with self._lock:
+            self._prefilling = [r for r in self._prefilling if r not in requests]
+        sampling = BatchSampling.build(
+            [r.params.temperature for r in requests],
+            [r.params.top_p for r in requests],
+            [r.params.top_k for r in requests],
+            [r.seed for r in requests],
+            [0] * len(requests),
+        )
+        tokens, logprobs = sample(torch.stack([logits for _, logits, _ in completed]), sampling)
+        finished: list[tuple[RunningRequest, FinishReason]] = []
+        drawn = zip(completed, tokens.tolist(), logprobs.tolist(), strict=True)
+        for (request, _, cache), token, logprob in drawn:
+            self._generated += 1
+            reason = request.append(token, logprob, version)
+            if reason is not None:
+                finished.append((request, reason))
+            else:
+                self._batch.add(request, cache, len(request.input_ids))
+            request.prefill_cache = None
+        return finished
+
+    def _decode(self, model: PolicyModel, version: int) -> list[tuple[RunningRequest, FinishReason]]:
+        tokens, start, cache, sampling = self._batch.prepare_step()
+        logits = model.forward_cached(tokens, start, cache)[:, -1]
+        next_tokens, logprobs = sample(logits, sampling)
+        self._batch.finish_step()
+        self._decode_steps += 1
+        self._generated += len(self._batch)
+        finished_rows: list[int] = []
+        finished: list[tuple[RunningRequest, FinishReason]] = []
+        for row, (token, logprob) in enumerate(zip(next_tokens.tolist(), logprobs.tolist(), strict=True)):
+            request = self._batch.requests[row]
+            reason = request.append(token, logprob, version)
+            if reason is not None:
+                finished_rows.append(row)
+                finished.append((request, reason))
+        if finished_rows:
+            self._batch.remove(finished_rows)
+        return finished

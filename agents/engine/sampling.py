@@ -1,0 +1,93 @@
+"""Batched sampling with per-request seeds, temperature, top-k and top-p.
+
+Each row draws one uniform number from a counter-based hash of (request seed, decode
+step), then picks its token by inverse CDF over the filtered distribution. The draw
+depends only on the request's own seed and step, not on which other requests share
+the batch or on any global RNG state, so a seeded request gives the same tokens alone
+or in a batch of 64, and the whole batch is sampled with a handful of tensor ops.
+
+Logprobs are of the sampled token under the model distribution at the request's
+temperature (temperature 0 → 1), before top-k/top-p renormalisation: what the trainer
+recomputes for importance weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+UNIFORM_BITS = 24  # float32 holds 24 bits of mantissa exactly
+
+
+@dataclass(frozen=True)
+class BatchSampling:
+    """Per-row sampling settings as tensors (B,)."""
+
+    temperature: torch.Tensor  # float32; 0 = greedy
+    top_p: torch.Tensor  # float32; 1 = off
+    top_k: torch.Tensor  # int64; <= 0 = off
+    seed: torch.Tensor  # int64
+    step: torch.Tensor  # int64: index of the token being sampled within the request
+
+    @classmethod
+    def build(
+        cls, temperature: list[float], top_p: list[float], top_k: list[int], seed: list[int], step: list[int]
+    ) -> BatchSampling:
+        return cls(
+            torch.tensor(temperature, dtype=torch.float32),
+            torch.tensor(top_p, dtype=torch.float32),
+            torch.tensor(top_k, dtype=torch.int64),
+            torch.tensor(seed, dtype=torch.int64),
+            torch.tensor(step, dtype=torch.int64),
+        )
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash on int64 tensors (values stay below 2**59: no overflow)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x45D9F3B) & MASK32
+    x = x ^ (x >> 16)
+    x = (x * 0x45D9F3B) & MASK32
+    return x ^ (x >> 16)
+
+
+def uniform(seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """One number in (0, 1) per row, a pure function of (seed, step)."""
+    bits = _mix32((seed & MASK32) ^ _mix32((step * 0x9E3779B1 + (seed >> 32)) & MASK32))
+    return ((bits >> (32 - UNIFORM_BITS)).to(torch.float32) + 0.5) / float(1 << UNIFORM_BITS)
+
+
+def _filter(scaled: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """Logits with tokens outside each row's top-k / top-p nucleus set to -inf."""
+    sorted_logits, order = scaled.sort(dim=-1, descending=True)
+    vocab = scaled.shape[-1]
+    ranks = torch.arange(vocab)[None, :]
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+    drop = ranks >= k[:, None]
+    probs = torch.softmax(sorted_logits, dim=-1)
+    # Keep a token while the mass before it is below top_p (the first token always stays).
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop |= mass_before >= top_p[:, None]
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+def sample(logits: torch.Tensor, params: BatchSampling) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits (B, V) → (token ids (B,), logprobs of those tokens (B,))."""
+    logits = logits.float()
+    greedy = params.temperature <= 0
+    temperature = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
+    scaled = logits / temperature[:, None]
+    logprobs = torch.log_softmax(scaled, dim=-1)
+    if bool(((params.top_k > 0) | (params.top_p < 1)).any()):
+        filtered = _filter(scaled, params.top_p, params.top_k)
+        probs = torch.softmax(filtered, dim=-1)
+    else:
+        probs = logprobs.exp()
+    cdf = probs.cumsum(dim=-1)
+    target = uniform(params.seed, params.step) * cdf[:, -1]
+    drawn = torch.searchsorted(cdf, target[:, None], right=True).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+    tokens = torch.where(greedy, logits.argmax(dim=-1), drawn)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
