@@ -108,7 +108,7 @@ class Engine:
             raise EngineRefusal("input_ids is empty: send at least one token")
         if len(input_ids) >= cap:
             raise ContextLengthError(
-                f"The input ({len(input_ids)} tokens) is longer than the model's context length "
+                f"The input ({len(input_ids)} tokens) is at or over the model's context length "
                 f"({cap} tokens): shorten the context or raise engine.context_length"
             )
         vocab = self.model.config.vocab_size

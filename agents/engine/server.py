@@ -1,0 +1,260 @@
+"""The embedded engine over HTTP, with SGLang's request and response contract.
+
+Field names follow SGLang's own definitions in `python/sglang/srt/managers/io_struct.py`
+(`GenerateReqInput`, `AbortReq`, `PauseGenerationReqInput`, `UpdateWeightFromDiskReqInput`)
+and the finish reasons of `schedule_batch.py` (`FINISH_MATCHED_TOKEN` → {"type": "stop",
+"matched": id}, `FINISH_LENGTH` → {"type": "length", "length": n}, `FINISH_ABORT` →
+{"type": "abort", "message": ...}), matched against sgl-project/sglang main at commit
+001067ff (the 0.5.x line), read as source, not installed.
+
+Routes: POST /generate, POST /abort_request, POST /pause_generation, POST
+/continue_generation, POST /update_weights_from_disk, POST|GET /flush_cache, GET
+/health, GET /health_generate, GET /get_model_info, and our GET /engine_stats.
+
+/generate accepts one request of `input_ids` (no text, no batches), `sampling_params`
+{max_new_tokens, temperature, top_p, top_k, stop_token_ids, sampling_seed}, `rid`,
+`return_logprob`, and answers `output_ids`, `text` and `meta_info` {id, finish_reason,
+prompt_tokens, completion_tokens, cached_tokens, weight_version (a string, as SGLang),
+output_token_logprobs ([logprob, token_id, null] per token, when asked), e2e_latency}
+plus our `output_token_versions` and `queue_time`. Input at or over the context cap →
+400 {"error": {"message", "type": "context_length_exceeded"}}; a full queue → 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from tokenizers import Tokenizer
+
+from agents.engine.batch import EngineResult
+from agents.engine.engine import ContextLengthError, Engine, EngineRefusal, QueueFullError
+from agents.engine.protocol import SamplingParams
+from agents.settings import EngineSettings
+from trainer.tokenizer import load_tokenizer
+
+ENGINE_KEY: web.AppKey[Engine] = web.AppKey("engine", Engine)
+
+
+@dataclass
+class ServerInfo:
+    """What the server knows beyond the engine: its id, the served path, the tokenizer for `text`."""
+
+    engine_id: str
+    model_path: str
+    tokenizer: Tokenizer | None
+
+
+INFO_KEY: web.AppKey[ServerInfo] = web.AppKey("info", ServerInfo)
+
+
+def error_response(status: int, message: str, kind: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind}}, status=status)
+
+
+def parse_sampling(raw: dict[str, Any]) -> SamplingParams:
+    """SGLang's sampling_params (the subset we implement) → SamplingParams; unknown keys refused."""
+    known = {"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "sampling_seed"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"unsupported sampling_params {unknown}; supported: {sorted(known)}")
+    return SamplingParams(
+        max_new_tokens=int(raw.get("max_new_tokens") or 128),
+        temperature=float(raw.get("temperature", 1.0)),
+        top_p=float(raw.get("top_p", 1.0)),
+        top_k=int(raw.get("top_k", -1)),
+        seed=None if raw.get("sampling_seed") is None else int(raw["sampling_seed"]),
+        stop_token_ids=tuple(raw.get("stop_token_ids") or ()),
+    )
+
+
+def finish_reason_json(result: EngineResult) -> dict[str, Any]:
+    if result.finish_reason == "stop":
+        return {"type": "stop", "matched": result.matched_token}
+    if result.finish_reason == "length":
+        return {"type": "length", "length": len(result.output_ids)}
+    return {"type": "abort", "message": "Abort request"}
+
+
+def generate_response(result: EngineResult, return_logprob: bool, text: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "id": result.rid,
+        "finish_reason": finish_reason_json(result),
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": len(result.output_ids),
+        "cached_tokens": 0,
+        "weight_version": str(result.weight_version),
+        "output_token_versions": list(result.output_versions),
+        "queue_time": result.queue_wait_s,
+        "e2e_latency": result.latency_s,
+    }
+    if return_logprob:
+        meta["output_token_logprobs"] = [
+            [logprob, token, None]
+            for logprob, token in zip(result.output_logprobs, result.output_ids, strict=True)
+        ]
+    return {"output_ids": list(result.output_ids), "text": text, "meta_info": meta}
+
+
+async def generate(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    body = await request.json()
+    input_ids = body.get("input_ids")
+    if body.get("text") is not None or not isinstance(input_ids, list) or not input_ids:
+        return error_response(400, "send one request as input_ids (a non-empty list of ints); text and "
+                              "batched input are not supported", "invalid_request")
+    if not all(isinstance(token, int) for token in input_ids):
+        return error_response(400, "input_ids must be a list of ints (batched input is not supported)",
+                              "invalid_request")
+    try:
+        params = parse_sampling(body.get("sampling_params") or {})
+    except (TypeError, ValueError) as error:
+        return error_response(400, f"bad sampling_params: {error}", "invalid_request")
+    rid = str(body.get("rid") or uuid.uuid4().hex)
+    try:
+        future = engine.submit(rid, input_ids, params)
+    except ContextLengthError as error:
+        return error_response(400, str(error), "context_length_exceeded")
+    except QueueFullError as error:
+        return error_response(503, str(error), "queue_full")
+    except EngineRefusal as error:
+        return error_response(400, str(error), "invalid_request")
+    result = await asyncio.wrap_future(future)
+    tokenizer = request.app[INFO_KEY].tokenizer
+    text = tokenizer.decode(list(result.output_ids), skip_special_tokens=False) if tokenizer else ""
+    return web.json_response(generate_response(result, bool(body.get("return_logprob")), text))
+
+
+async def abort_request(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    body = await request.json() if request.can_read_body else {}
+    if body.get("abort_all"):
+        engine.abort_all()
+    elif body.get("rid"):
+        engine.abort(str(body["rid"]))
+    return web.Response(status=200)
+
+
+async def pause_generation(request: web.Request) -> web.Response:
+    body = await request.json() if request.can_read_body else {}
+    mode = body.get("mode", "abort")
+    if mode not in ("abort", "retract", "in_place"):
+        message = f"mode must be abort, retract or in_place, got {mode!r}"
+        return error_response(400, message, "invalid_request")
+    # "retract" and "in_place" both keep requests and their caches here: nothing needs the memory.
+    request.app[ENGINE_KEY].pause(abort_running=mode == "abort")
+    return web.json_response({"message": "Generation paused successfully."})
+
+
+async def continue_generation(request: web.Request) -> web.Response:
+    request.app[ENGINE_KEY].resume()
+    return web.json_response({"message": "Generation continued successfully."})
+
+
+async def update_weights_from_disk(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    body = await request.json()
+    model_path = body.get("model_path")
+    raw_version = body.get("weight_version")
+    if not model_path:
+        return error_response(400, "model_path is required", "invalid_request")
+    try:
+        version = None if raw_version is None else int(raw_version)
+    except ValueError:
+        message = f"weight_version must be an integer, got {raw_version!r}"
+        return error_response(400, message, "invalid_request")
+    if body.get("abort_all_requests"):
+        engine.abort_all()
+    try:
+        future = await asyncio.to_thread(engine.update_weights, Path(model_path), version)
+        applied = await asyncio.wrap_future(future)
+    except (OSError, ValueError) as error:
+        return web.json_response({"success": False, "message": str(error), "num_paused_requests": 0})
+    request.app[INFO_KEY].model_path = str(model_path)
+    return web.json_response(
+        {"success": True, "message": f"Succeeded to update model weights (version {applied}).",
+         "num_paused_requests": 0}
+    )
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    # No prefix cache is kept: a request's KV cache lives only while it runs.
+    return web.Response(text="Cache flushed.\n")
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def health_generate(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    if engine.stats().paused:
+        return web.Response(status=200)  # alive; generation is paused on purpose
+    try:
+        future = engine.submit(f"health-{uuid.uuid4().hex}", [0], SamplingParams(max_new_tokens=1))
+    except EngineRefusal as error:
+        return web.Response(status=503, text=str(error))
+    try:
+        await asyncio.wait_for(asyncio.wrap_future(future), engine.settings.health_timeout_s)
+    except TimeoutError:
+        return web.Response(status=503, text="engine did not generate a token in time")
+    return web.Response(status=200)
+
+
+async def get_model_info(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    info = request.app[INFO_KEY]
+    return web.json_response(
+        {
+            "model_path": info.model_path,
+            "tokenizer_path": info.model_path,
+            "is_generation": True,
+            "weight_version": str(engine.weight_version),
+            "context_length": engine.settings.context_length,
+            "max_running_requests": engine.settings.max_running_requests,
+            "engine_id": info.engine_id,
+        }
+    )
+
+
+async def engine_stats(request: web.Request) -> web.Response:
+    stats = request.app[ENGINE_KEY].stats()
+    return web.json_response(asdict(stats))
+
+
+def create_app(engine: Engine, engine_id: str = "") -> web.Application:
+    """An aiohttp app serving `engine` (already started; stopped when the app shuts down)."""
+    app = web.Application(client_max_size=256 * 1024 * 1024)
+    app[ENGINE_KEY] = engine
+    try:
+        tokenizer = load_tokenizer(engine.model_dir)
+    except FileNotFoundError:
+        tokenizer = None
+    app[INFO_KEY] = ServerInfo(engine_id=engine_id, model_path=str(engine.model_dir), tokenizer=tokenizer)
+    app.router.add_post("/generate", generate)
+    app.router.add_post("/abort_request", abort_request)
+    app.router.add_post("/pause_generation", pause_generation)
+    app.router.add_post("/continue_generation", continue_generation)
+    app.router.add_post("/update_weights_from_disk", update_weights_from_disk)
+    app.router.add_route("*", "/flush_cache", flush_cache)
+    app.router.add_get("/health", health)
+    app.router.add_get("/health_generate", health_generate)
+    app.router.add_get("/get_model_info", get_model_info)
+    app.router.add_get("/engine_stats", engine_stats)
+
+    async def stop_engine(_: web.Application) -> None:
+        await asyncio.to_thread(engine.stop)
+
+    app.on_shutdown.append(stop_engine)
+    return app
+
+
+def serve(model_dir: Path, settings: EngineSettings) -> None:
+    """Run an engine server until interrupted (the `rollstream engine serve` command)."""
+    engine = Engine(model_dir, settings).start()
+    engine_id = f"http://{settings.host}:{settings.port}"
+    web.run_app(create_app(engine, engine_id), host=settings.host, port=settings.port, print=None)
