@@ -49,6 +49,10 @@ class AgentSettings(Frozen):
 
 
 class RolloutSettings(Frozen):
-    concurrency: int = 384
+    """The rollout worker: episodes at once, its consumer group and its commit cadence."""
+
+    concurrency: int = Field(default=384, ge=1, description="episodes one worker runs at once")
     consumer_group: str = "rollstream-rollout"
     request_poll_ms: int = 200
+    commit_interval_s: float = Field(default=1.0, gt=0, description="commit finished requests this often")
+    keepalive_s: float = Field(default=5.0, gt=0, description="poll interval while every slot is busy")

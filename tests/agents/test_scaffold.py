@@ -99,3 +99,23 @@ def test_identities_are_deterministic_and_distinct() -> None:
     assert g == group_id("run1", "task-a", 0) != group_id("run1", "task-a", 1)
     assert trajectory_id(g, 0, 0) == trajectory_id(g, 0, 0)
     assert len({trajectory_id(g, a, r) for a in range(8) for r in range(3)}) == 24
+
+
+def test_offsets_commit_only_below_the_lowest_unfinished_request() -> None:
+    from agents.offsets import OffsetTracker
+
+    tracker = OffsetTracker()
+    p = ("rollout.requests", 0)
+    for offset in (10, 11, 12):
+        tracker.started(p, offset)
+    assert tracker.committable() == {p: 10}
+    tracker.finished(p, 12)
+    tracker.finished(p, 11)
+    assert tracker.committable() == {p: 10}  # 10 still running: a crash must re-run it
+    tracker.mark_committed(tracker.committable())
+    assert tracker.committable() == {}
+    tracker.finished(p, 10)
+    assert tracker.committable() == {p: 13}
+    tracker.mark_committed({p: 13})
+    tracker.started(("rollout.requests", 1), 0)
+    assert tracker.committable() == {("rollout.requests", 1): 0} and tracker.in_flight == 1

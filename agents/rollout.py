@@ -1,0 +1,272 @@
+"""The rollout worker: requests in, episodes run, every event out through the bus.
+
+One asyncio process consumes `rollout.requests` as a member of a consumer group
+(several workers share the partitions) and runs up to `RolloutSettings.concurrency`
+episodes at once, each an asyncio task (no per-episode threads), so one process
+holds thousands of episodes that mostly wait on engines and sandboxes.
+
+Delivery: every event goes to `rollout.events` keyed by group id (one partition
+per group, in order); `trajectory.finished` is sent and acked before the
+request counts as done, and a request's offset is committed only once it and
+every request below it on its partition are done (`OffsetTracker`). A worker
+killed with SIGKILL leaves its unfinished requests uncommitted: the next owner
+of the partition re-runs them and, since ids derive from (trajectory id, seq),
+writes the same event ids. Stopping (`stop` set) cancels in-flight episodes
+without writing more for them, for the same reason.
+
+Infrastructure errors end in `trajectory.finished` with `infra_error:*` (never
+a reward); while `retry < PolicySettings.infra_error_retries` the worker writes a
+new request for the same attempt with `retry + 1` (a new trajectory id) before
+committing. Aborts on `rollout.control` (`AbortFollower`) end episodes now as
+`truncated:deadline`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agents.aborts import AbortFollower
+from agents.episode import Episode, EpisodeServices, EpisodeSpec
+from agents.offsets import OffsetTracker
+from agents.settings import RolloutSettings
+from agents.submit import TaskRef, request_event
+from sandboxes.tasks.harbor import Task, TaskFormatError, load_task
+from streams.bus import Consumed, EventConsumer, EventProducer
+from streams.events import Event
+from streams.payloads import RolloutRequested, TrajectoryFinished
+from streams.settings import KafkaSettings, PolicySettings, TopicSettings
+from streams.topics import topic_name
+
+log = logging.getLogger(__name__)
+
+FinishedHook = Callable[[EpisodeSpec, TrajectoryFinished], None]
+
+
+def worker_name() -> str:
+    return f"rollout-{socket.gethostname()}-{os.getpid()}"
+
+
+class TaskCatalog:
+    """Tasks by directory name under one root, each loaded once."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).resolve()
+        self._tasks: dict[str, Task] = {}
+
+    def get(self, task_dir: str) -> Task:
+        task = self._tasks.get(task_dir)
+        if task is None:
+            path = (self.root / task_dir).resolve()
+            if path.parent != self.root:
+                raise TaskFormatError(f"task_dir {task_dir!r} is not a directory directly under {self.root}")
+            task = self._tasks[task_dir] = load_task(path)
+        return task
+
+
+class KafkaEventSink:
+    """Episode events to `rollout.events`; `trajectory.finished` waits for the broker's ack
+    (events of one trajectory share a partition, so earlier ones are acked by then)."""
+
+    def __init__(self, producer: EventProducer) -> None:
+        self.producer = producer
+        self.events = 0
+
+    async def emit(self, event: Event) -> None:
+        self.events += 1
+        if event.type == "trajectory.finished":
+            await self.producer.send_and_wait("rollout.events", event)
+        else:
+            await self.producer.send("rollout.events", event)
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    kafka: KafkaSettings
+    topics: TopicSettings
+    rollout: RolloutSettings
+    policy: PolicySettings
+
+
+class RolloutWorker:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        services: EpisodeServices,
+        tasks: TaskCatalog,
+        *,
+        on_finished: FinishedHook | None = None,
+    ) -> None:
+        self.settings = settings
+        self.services = services
+        self.tasks = tasks
+        self.on_finished = on_finished
+        self.name = services.source
+        self.offsets = OffsetTracker()
+        self.episodes: dict[str, Episode] = {}
+        self.outcomes: Counter[str] = Counter()
+        self.retries_sent = 0
+        self._running: set[asyncio.Task[None]] = set()
+        self._slot_freed = asyncio.Event()
+        self.aborts = AbortFollower(
+            settings.kafka, settings.topics, name=f"{self.name}-control", on_abort=self._abort,
+            poll_ms=settings.rollout.request_poll_ms,
+        )  # fmt: skip
+        self._producer: EventProducer | None = None
+        self._sink: KafkaEventSink | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    @property
+    def events_written(self) -> int:
+        return self._sink.events if self._sink is not None else 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve requests until `stop` is set."""
+        s = self.settings
+        requests = EventConsumer(
+            s.kafka, s.topics, ["rollout.requests"], group_id=s.rollout.consumer_group, name=self.name
+        )
+        async with EventProducer(s.kafka, s.topics) as producer, requests:
+            self._producer, self._sink = producer, KafkaEventSink(producer)
+            helpers = [
+                asyncio.create_task(self.aborts.run(), name="rollout-aborts"),
+                asyncio.create_task(self._commit_loop(requests), name="rollout-commit"),
+            ]
+            try:
+                await self._serve(requests, stop)
+            finally:
+                await self._cancel(self._running)
+                await self._cancel(set(helpers))
+                with contextlib.suppress(Exception):
+                    await producer.flush()
+                await self._commit(requests)
+
+    async def _serve(self, requests: EventConsumer, stop: asyncio.Event) -> None:
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            while not stop.is_set():
+                free = self.settings.rollout.concurrency - len(self._running)
+                if free > 0:
+                    requests.consumer.resume(*requests.consumer.paused())
+                    poll_ms = self.settings.rollout.request_poll_ms
+                    batch = await requests.batch(timeout_ms=poll_ms, max_records=free)
+                else:
+                    batch = await self._wait_for_slot(requests, stopping)
+                for consumed in batch:
+                    self._start(consumed)
+        finally:
+            stopping.cancel()
+
+    async def _wait_for_slot(self, requests: EventConsumer, stopping: asyncio.Task[bool]) -> list[Consumed]:
+        """Full: wait until an episode ends; poll with partitions paused so the group keeps us."""
+        self._slot_freed.clear()
+        freed = asyncio.create_task(self._slot_freed.wait())
+        keepalive_s = self.settings.rollout.keepalive_s
+        await asyncio.wait({freed, stopping}, timeout=keepalive_s, return_when="FIRST_COMPLETED")
+        freed.cancel()
+        if self._slot_freed.is_set() or stopping.done():
+            return []
+        requests.consumer.pause(*requests.consumer.assignment())
+        return await requests.batch(timeout_ms=0, max_records=1)  # non-empty only after a rebalance
+
+    def _start(self, consumed: Consumed) -> None:
+        partition = (consumed.topic, consumed.partition)
+        self.offsets.started(partition, consumed.offset)
+        task = asyncio.create_task(self._handle(consumed), name=f"episode-{consumed.event.trajectory_id}")
+        self._running.add(task)
+
+        def done(finished: asyncio.Task[None]) -> None:
+            self._running.discard(finished)
+            if not finished.cancelled():
+                self.offsets.finished(partition, consumed.offset)
+            self._slot_freed.set()
+
+        task.add_done_callback(done)
+
+    async def _handle(self, consumed: Consumed) -> None:
+        event = consumed.event
+        request = event.data
+        if not isinstance(request, RolloutRequested) or not event.trajectory_id or not event.group_id:
+            log.error("skipping %s at %s[%d]@%d: not a rollout request with ids", event.type,
+                      consumed.topic, consumed.partition, consumed.offset)  # fmt: skip
+            return
+        try:
+            task = self.tasks.get(request.task_dir)
+        except TaskFormatError as error:
+            log.error("skipping request %s: %s", event.trajectory_id, error)
+            return
+        spec = EpisodeSpec(
+            run_id=event.run_id, group_id=event.group_id, trajectory_id=event.trajectory_id, task=task,
+            attempt=request.attempt, retry=request.retry, group_size=request.group_size,
+            limits=request.limits,
+        )  # fmt: skip
+        finished = await self._run_episode(spec)
+        self.outcomes[finished.outcome.value] += 1
+        if finished.outcome.is_infra_error and request.retry < self.settings.policy.infra_error_retries:
+            await self._send_retry(event, request)
+        if self.on_finished is not None:
+            self.on_finished(spec, finished)
+
+    async def _run_episode(self, spec: EpisodeSpec) -> TrajectoryFinished:
+        assert self._sink is not None
+        episode = Episode(spec, self.services, self._sink)
+        self.episodes[spec.trajectory_id] = episode
+        reason = self.aborts.reason(spec.trajectory_id)
+        if reason is not None:
+            episode.abort(reason)
+        try:
+            return await episode.run()
+        finally:
+            self.episodes.pop(spec.trajectory_id, None)
+
+    async def _send_retry(self, event: Event, request: RolloutRequested) -> None:
+        assert self._producer is not None and event.group_id and event.task_id is not None
+        retry = request_event(
+            run_id=event.run_id, group=event.group_id, task=TaskRef(event.task_id, request.task_dir),
+            attempt=request.attempt, retry=request.retry + 1, group_size=request.group_size,
+            limits=request.limits, source=self.name,
+        )  # fmt: skip
+        await self._producer.send_and_wait("rollout.requests", retry)
+        self.retries_sent += 1
+
+    def _abort(self, trajectory_id: str, reason: str) -> None:
+        episode = self.episodes.get(trajectory_id)
+        if episode is not None:
+            episode.abort(reason)
+
+    async def _commit_loop(self, requests: EventConsumer) -> None:
+        while True:
+            await asyncio.sleep(self.settings.rollout.commit_interval_s)
+            await self._commit(requests)
+
+    async def _commit(self, requests: EventConsumer) -> None:
+        positions = self.offsets.committable()
+        if not positions:
+            return
+        try:
+            await requests.commit(positions)
+        except Exception as error:  # a rebalance took the partition: its new owner re-runs
+            log.warning("commit of %s failed: %r", positions, error)
+            owned = {(p.topic, p.partition) for p in requests.consumer.assignment()}
+            topics = self.settings.topics
+            self.offsets.forget({p for p in positions if (topic_name(topics, p[0]), p[1]) not in owned})
+            return
+        self.offsets.mark_committed(positions)
+
+    @staticmethod
+    async def _cancel(tasks: set[asyncio.Task[None]]) -> None:
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+

@@ -1,0 +1,149 @@
+"""`rollstream rollout`: run a rollout worker; `rollstream rollout submit`: write a run's requests.
+
+    rollstream rollout [--tasks DIR] [--engine URL ...] [--concurrency C] [--model DIR]
+    rollstream rollout submit --tasks DIR --group-size 8 [--run RUN] [--groups N]
+
+The worker uses the configured sandbox backend and pool caps, the engine client
+(`--engine` replaces `client.urls`), the policy model's tokenizer (`--model`,
+default `config.model_dir`), and the task set (`--tasks`, default
+`config.tasks_dir`; requests name tasks by directory). It runs until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from agents.chat import ChatFormat
+from agents.engine.client import EngineClient
+from agents.episode import EpisodeServices
+from agents.policy import Policy
+from agents.rollout import RolloutWorker, TaskCatalog, WorkerSettings, worker_name
+from agents.submit import limits_of, run_requests, submit_requests, task_refs
+from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.config import Config
+from sandboxes.backends import make_factory
+from sandboxes.base import Sandbox
+from sandboxes.pool import SandboxPool
+from sandboxes.tasks.harbor import Task
+from sandboxes.tasks.verifier import Verdict, run_verifier
+from trainer.tokenizer import load_tokenizer
+
+app = typer.Typer(help="Rollout workers and their requests.", invoke_without_command=True)
+
+TasksOption = typer.Option(None, "--tasks", help="task set directory (default: the config's tasks dir)")
+
+
+@app.callback(invoke_without_command=True)
+def rollout(
+    ctx: typer.Context,
+    tasks: Path | None = TasksOption,
+    engine: list[str] | None = typer.Option(None, "--engine", help="engine URL (repeat for several)"),
+    concurrency: int | None = typer.Option(None, "--concurrency", min=1, help="episodes at once"),
+    model: Path | None = typer.Option(None, "--model", help="model directory (for its tokenizer)"),
+    config: ConfigPath = None,
+    overrides: Overrides = None,
+) -> None:
+    """Run a rollout worker: consume rollout.requests, run episodes, write rollout.events."""
+    if ctx.invoked_subcommand is not None:
+        return
+    cfg = read_config(config, overrides)
+    if engine:
+        cfg = cfg.model_copy(update={"client": cfg.client.model_copy(update={"urls": tuple(engine)})})
+    if concurrency is not None:
+        cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"concurrency": concurrency})})
+    tasks_root = tasks or cfg.tasks_dir
+    model_dir = model or cfg.model_dir
+    if not tasks_root.is_dir():
+        fail(f"task directory {tasks_root} does not exist; pass --tasks or build one with `rollstream tasks`")
+    try:
+        chat = ChatFormat.for_tokenizer(load_tokenizer(model_dir))
+    except (FileNotFoundError, ValueError) as error:
+        fail(str(error))
+        return
+    console.print(
+        f"rollout worker on {cfg.kafka.bootstrap} (prefix {cfg.topics.prefix!r}): "
+        f"engines {', '.join(cfg.client.urls)}, {cfg.sandbox.backend} sandboxes, "
+        f"concurrency {cfg.rollout.concurrency}"
+    )
+    asyncio.run(_serve(cfg, chat, tasks_root))
+
+
+async def _serve(cfg: Config, chat: ChatFormat, tasks_root: Path) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    pool = SandboxPool(cfg.sandbox, make_factory(cfg.sandbox))
+    async with EngineClient(cfg.client) as client, pool:
+        worker = RolloutWorker(
+            WorkerSettings(cfg.kafka, cfg.topics, cfg.rollout, cfg.policy),
+            episode_services(cfg, client, pool, chat),
+            TaskCatalog(tasks_root),
+        )
+        task = asyncio.create_task(worker.run(stop))
+        with Live(_table(worker), console=console, refresh_per_second=1, transient=True) as live:
+            while not task.done():
+                await asyncio.wait({task}, timeout=1.0)
+                live.update(_table(worker))
+        await task
+        console.print(_table(worker))
+
+
+def episode_services(cfg: Config, policy: Policy, pool: SandboxPool, chat: ChatFormat) -> EpisodeServices:
+    verifier_cap = cfg.tasks.verifier_timeout_s
+
+    async def verify(box: Sandbox, task: Task) -> Verdict:
+        return await run_verifier(box, task, min(task.verifier_timeout_s, verifier_cap))
+
+    return EpisodeServices(
+        policy=policy, sandboxes=pool, verifier=verify, chat=chat, agent=cfg.agent,
+        backend=cfg.sandbox.backend, source=worker_name(),
+        command_timeout_s=cfg.sandbox.limits.command_timeout_s,
+    )  # fmt: skip
+
+
+def _table(worker: RolloutWorker) -> Table:
+    table = Table(title=f"rollout worker {worker.name}")
+    for column in ("in flight", "finished", "events", "infra retries", "outcomes"):
+        table.add_column(column)
+    outcomes = ", ".join(f"{k} {v}" for k, v in sorted(worker.outcomes.items())) or "-"
+    finished = sum(worker.outcomes.values())
+    counts = (worker.in_flight, finished, worker.events_written, worker.retries_sent)
+    table.add_row(*(str(n) for n in counts), outcomes)
+    return table
+
+
+@app.command()
+def submit(
+    tasks: Path | None = TasksOption,
+    group_size: int | None = typer.Option(None, "--group-size", min=1, help="attempts per task (policy)"),
+    run: str = typer.Option("", "--run", help="run id (default: run.name, else a new one)"),
+    groups: int = typer.Option(1, "--groups", min=1, help="groups per task"),
+    first_group: int = typer.Option(0, "--first-group", min=0, help="index of the first group"),
+    config: ConfigPath = None,
+    overrides: Overrides = None,
+) -> None:
+    """Write `group-size` rollout requests per task (and group) to rollout.requests."""
+    cfg = read_config(config, overrides)
+    tasks_root = tasks or cfg.tasks_dir
+    try:
+        refs = task_refs(tasks_root)
+    except FileNotFoundError as error:
+        fail(str(error))
+        return
+    run_id = run or cfg.run.name or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    size = group_size or cfg.policy.group_size
+    events = run_requests(
+        run_id, refs, size, limits_of(cfg.policy), groups_per_task=groups, first_group=first_group
+    )
+    written = asyncio.run(submit_requests(cfg.kafka, cfg.topics, events))
+    console.print(f"run [bold]{run_id}[/]: {written} requests ({len(refs)} tasks x {groups} groups x {size})")
+    print(run_id)
