@@ -21,7 +21,10 @@ class LimitSettings(Frozen):
     cpu_time_s: int = 600
     memory_mb: int = 2048
     max_processes: int = 256
-    output_limit_bytes: int = 1_000_000
+    output_limit_bytes: int = Field(default=1_000_000, description="output kept per command (head + tail)")
+    output_drain_s: float = Field(default=0.2, description="read output this long after the command exits")
+    file_size_mb: int = Field(default=1024, description="largest file a command may write")
+    tmpfs_mb: int = Field(default=512, description="size of the sandbox's /tmp")
 
 
 class PoolSettings(Frozen):
@@ -33,11 +36,57 @@ class PoolSettings(Frozen):
     start_timeout_s: float = 60.0
 
 
+class BwrapSettings(Frozen):
+    """The bubblewrap backend: paths and the dedicated uids commands run as."""
+
+    bwrap_path: str = "bwrap"
+    work_root: str = Field(default="", description="host dir for per-sandbox workspaces; empty = system tmp")
+    workspace_mount: str = Field(default="/workspace", description="where the workspace appears inside")
+    uid_base: int = Field(default=200_000, description="first host uid of the per-sandbox uid range")
+    uid_count: int = Field(default=60_000, description="uids in the range (>= pool.max_running)")
+    bind_python: bool = Field(default=True, description="bind the running Python (with its venv) read-only")
+    ro_paths: tuple[str, ...] = Field(default=(), description="extra host paths bound read-only")
+    etc_paths: tuple[str, ...] = (
+        "/etc/alternatives",
+        "/etc/ld.so.cache",
+        "/etc/ld.so.conf",
+        "/etc/ld.so.conf.d",
+        "/etc/localtime",
+        "/etc/nsswitch.conf",
+        "/etc/passwd",
+        "/etc/group",
+        "/etc/ssl",
+        "/etc/gitconfig",
+    )
+    server_grace_s: float = Field(default=10.0, description="extra wait for the exec server past a timeout")
+
+
 class DockerSettings(Frozen):
+    """The docker backend (Docker or podman's Docker-compatible API) and its image."""
+
     base_url: str = Field(default="", description="docker API socket; empty = DOCKER_HOST or podman's")
     image: str = "rollstream-sandbox:latest"
     network: Literal["none", "shared-internal"] = "none"
+    network_name: str = Field(default="rollstream-internal", description="the one shared internal network")
     label: str = "rollstream.sandbox"
+    workdir: str = Field(default="/workspace", description="where the workspace appears inside")
+    keepalive: tuple[str, ...] = Field(
+        default=("sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait; done"),
+        description="PID 1 of each container: stays up and reaps orphaned processes",
+    )
+    pull_missing: bool = Field(default=True, description="pull an image that is not there (counted, capped)")
+    pull_timeout_s: float = 600.0
+    api_timeout_s: float = Field(default=60.0, description="per API call (not per command)")
+    api_connections: int = Field(default=256, description="HTTP connections to the API, all sandboxes")
+    exec_grace_s: float = Field(default=30.0, description="wait past a command's timeout before giving up")
+    ulimit_nofile: int = Field(default=4096, description="open files per process (0 = engine default)")
+    ulimit_nproc: int = Field(
+        default=16384, description="RLIMIT_NPROC (0 = engine default); pids_limit is the real process cap"
+    )
+    cpus: float = Field(default=0.0, description="CPU share per container; 0 = unlimited")
+    debian_suite: str = Field(default="bookworm", description="image build: Debian release")
+    debian_mirror: str = "http://deb.debian.org/debian"
+    image_packages: tuple[str, ...] = ("python3", "python3-pytest")
 
 
 class E2BSettings(Frozen):
@@ -51,10 +100,30 @@ class SandboxSettings(Frozen):
     backend: Literal["bwrap", "docker", "e2b", "simulated"] = "bwrap"
     limits: LimitSettings = LimitSettings()
     pool: PoolSettings = PoolSettings()
+    bwrap: BwrapSettings = BwrapSettings()
     docker: DockerSettings = DockerSettings()
     e2b: E2BSettings = E2BSettings()
 
 
 class TaskSettings(Frozen):
+    """Harbor tasks, the verifier, and task generation from PyPI sdists."""
+
     root: str = Field(default="", description="task set directory; empty = <state_dir>/tasks/default")
     verifier_timeout_s: float = 300.0
+    agent_timeout_s: float = Field(default=1800.0, description="written to each task's [agent] timeout_sec")
+    python: str = Field(default="python3", description="interpreter that runs tests inside the sandbox")
+    pypi_url: str = Field(default="https://pypi.org/pypi", description="PyPI JSON API base")
+    download_timeout_s: float = 60.0
+    build_concurrency: int = Field(default=2, description="sandboxes testing mutants at once")
+    suite_timeout_s: float = Field(default=300.0, description="one full run of a library's test suite")
+    mutant_timeout_s: float = Field(default=60.0, description="one run of a mutant's covering tests")
+    max_mutants_tried: int = Field(default=400, description="candidates tested per library before giving up")
+    max_per_function: int = Field(default=1, description="tasks from one function of a library")
+    max_fail_to_pass: int = Field(default=40, description="mutants failing more tests are too obvious")
+    check_concurrency: int = Field(default=2, description="tasks verified at once by `tasks check`")
+    default_libraries: tuple[str, ...] = Field(
+        default=("isodate==0.7.2", "tinydb==4.8.2", "cachetools==5.5.0"),
+        description="sdists of the default task set (NAME==VERSION)",
+    )
+    default_per_library: int = Field(default=10, description="tasks per library in the default set")
+    default_seed: int = 0

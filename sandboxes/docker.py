@@ -1,0 +1,391 @@
+"""The docker backend: one container per sandbox, over Docker's (or podman's) HTTP API.
+
+Contract:
+- Containers have no network of their own: `network_mode="none"` (default) or one shared
+  internal network created once (`sandbox.docker.network="shared-internal"`), so the
+  per-host network limit (~31 bridge networks) never applies.
+- Every container carries labels: `<label>=1`, the run id, and its owner
+  (host/pid/process start time). When a factory first connects it removes labelled
+  containers whose owner process on this host is gone (leaks of crashed workers), and
+  only those: other live workers' sandboxes are left alone.
+- Limits come from `sandbox.limits`: memory (no swap), pids (the process cap),
+  RLIMIT_CPU, and per command a wall-clock timeout run *inside* the container
+  (`timeout -s KILL`, which kills the command's whole process group) plus a host-side
+  deadline `exec_grace_s` later, past which the sandbox counts as not answering.
+  Output is kept up to `output_limit_bytes` (head and tail of each stream); the rest
+  is read, counted and dropped.
+- Images missing on the engine are pulled when `pull_missing`; every pull is counted
+  (`factory.pulls`) and waits on the pool's gate when the pool set one
+  (`set_pull_gate`, `PullGated`); without a pool the factory itself refuses pulls past
+  `pool.image_pulls_per_h`.
+- Warm pools: a sandbox started with no workspace takes one later (`attach_workspace`).
+- Errors: no API → `BackendUnavailableError` (says how to start one); image missing or
+  container refused → `SandboxStartError`; container gone → `SandboxLostError`; no answer
+  within a command's deadline → `SandboxTimeoutError`. A failing command is an ExecResult.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import os
+import socket
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from sandboxes.base import (
+    BackendUnavailableError,
+    ExecResult,
+    SandboxLostError,
+    SandboxStartError,
+    SandboxTimeoutError,
+    Timings,
+)
+from sandboxes.docker_api import DockerApi, DockerApiError, DockerUnreachableError, OutputCollector
+from sandboxes.docker_files import extract_download, tar_directory, tar_path
+from sandboxes.settings import SandboxSettings
+
+BACKEND = "docker"
+DEFAULT_SOCKETS = ("/var/run/docker.sock", "/run/podman/podman.sock")
+START_HINT = (
+    "start podman's Docker-compatible API with `.venv/bin/python -m rollstream.launcher.podman up` "
+    "(it prints the socket) and set sandbox.docker.base_url to it, or point it at a Docker engine"
+)
+SIGKILL_EXIT, SIGXCPU_EXIT = 128 + 9, 128 + 24
+PullGate = Callable[[], Awaitable[None]]  # sandboxes.base.PullGate: the pool's image_pulls_per_h gate
+
+
+def resolve_base_url(configured: str) -> str:
+    """The configured address, else DOCKER_HOST (Docker's own convention), else a default socket."""
+    if configured:
+        return configured
+    if os.environ.get("DOCKER_HOST"):
+        return os.environ["DOCKER_HOST"]
+    for path in DEFAULT_SOCKETS:
+        if Path(path).exists():
+            return f"unix://{path}"
+    raise BackendUnavailableError(f"no docker API configured and none at {DEFAULT_SOCKETS}; {START_HINT}",
+                                  backend=BACKEND)
+
+
+def owner_label() -> str:
+    """host/pid/start-time of this process: a pid alone could be reused by another program."""
+    return f"{socket.gethostname()}/{os.getpid()}/{_process_start(os.getpid())}"
+
+
+def _process_start(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def owner_is_gone(owner: str) -> bool:
+    """True when `owner` names a process on this host that no longer runs."""
+    host, _, rest = owner.partition("/")
+    pid_text, _, started = rest.partition("/")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    return _process_start(int(pid_text)) != started
+
+
+class DockerSandboxFactory:
+    """Makes docker sandboxes; connects, cleans leaks and prepares the network on first use."""
+
+    backend = BACKEND
+
+    def __init__(self, settings: SandboxSettings, *, run_id: str = "") -> None:
+        self.settings = settings
+        self.run_id = run_id
+        self.owner = owner_label()
+        self.pulls = 0
+        self._pull_gate: PullGate | None = None
+        self.leaked_removed = 0
+        self._pull_times: collections.deque[float] = collections.deque()
+        self._api: DockerApi | None = None
+        self._ready_images: set[str] = set()
+        self._lock = asyncio.Lock()
+
+    def create(self, workspace: Path | None, *, image: str | None = None) -> DockerSandbox:
+        return DockerSandbox(self, workspace, image or self.settings.docker.image)
+
+    def set_pull_gate(self, gate: PullGate) -> None:
+        """The pool's `image_pulls_per_h` gate, awaited before every pull."""
+        self._pull_gate = gate
+
+    @property
+    def labels(self) -> dict[str, str]:
+        label = self.settings.docker.label
+        return {label: "1", f"{label}.run": self.run_id, f"{label}.owner": self.owner}
+
+    async def api(self) -> DockerApi:
+        """The connected API; the first call also removes leaked containers and makes the network."""
+        async with self._lock:
+            if self._api is None:
+                self._api = await self._connect()
+            return self._api
+
+    async def _connect(self) -> DockerApi:
+        docker = self.settings.docker
+        base_url = resolve_base_url(docker.base_url)
+        try:
+            api = DockerApi(base_url, timeout_s=docker.api_timeout_s, max_connections=docker.api_connections)
+            await api.ping()
+            await self._remove_leaked(api)
+            if docker.network == "shared-internal":
+                await api.ensure_network(docker.network_name, {docker.label: "1"})
+        except (DockerUnreachableError, DockerApiError) as error:
+            raise BackendUnavailableError(f"docker API at {base_url}: {error}; {START_HINT}",
+                                          backend=BACKEND) from None
+        return api
+
+    async def _remove_leaked(self, api: DockerApi) -> None:
+        label = self.settings.docker.label
+        for container in await api.list_containers([f"{label}=1"]):
+            owner = (container.get("Labels") or {}).get(f"{label}.owner", "")
+            if owner_is_gone(owner) and await api.remove_container(container["Id"]):
+                self.leaked_removed += 1
+
+    async def cleanup_leaked(self) -> int:
+        """Remove leaked containers now (also done on first connect); returns how many in all."""
+        await self._remove_leaked(await self.api())
+        return self.leaked_removed
+
+    async def ensure_image(self, image: str) -> None:
+        """Make sure `image` is on the engine, pulling it (counted and capped) if allowed."""
+        if image in self._ready_images:
+            return
+        api = await self.api()
+        docker = self.settings.docker
+        if not await api.image_exists(image):
+            if not docker.pull_missing:
+                raise SandboxStartError(
+                    f"image {image} is not on the docker engine and sandbox.docker.pull_missing is off; "
+                    "build the default one with `.venv/bin/python -m rollstream.launcher.podman image`",
+                    backend=BACKEND,
+                )
+            await self._pull(api, image)
+        self._ready_images.add(image)
+
+    async def _pull(self, api: DockerApi, image: str) -> None:
+        if self._pull_gate is not None:
+            await self._pull_gate()
+        else:
+            self._check_pull_cap()
+        self.pulls += 1
+        self._pull_times.append(time.monotonic())
+        try:
+            await api.pull_image(image, self.settings.docker.pull_timeout_s)
+        except (DockerApiError, DockerUnreachableError) as error:
+            raise SandboxStartError(
+                f"image {image} is missing and pulling it failed ({error}); for the default image run "
+                "`.venv/bin/python -m rollstream.launcher.podman image`",
+                backend=BACKEND,
+            ) from None
+
+    def _check_pull_cap(self) -> None:
+        cap = self.settings.pool.image_pulls_per_h
+        now = time.monotonic()
+        while self._pull_times and now - self._pull_times[0] > 3600:
+            self._pull_times.popleft()
+        if len(self._pull_times) >= cap:
+            raise SandboxStartError(
+                f"image pull cap reached: {len(self._pull_times)} pulls in the last hour "
+                f"(pool.image_pulls_per_h={cap}); pre-pull images or raise the cap",
+                backend=BACKEND,
+            )
+
+    def container_body(self, image: str) -> dict[str, Any]:
+        docker, limits = self.settings.docker, self.settings.limits
+        ulimits = [{"Name": "cpu", "Soft": limits.cpu_time_s, "Hard": limits.cpu_time_s}]
+        for name, value in (("nofile", docker.ulimit_nofile), ("nproc", docker.ulimit_nproc)):
+            if value > 0:
+                ulimits.append({"Name": name, "Soft": value, "Hard": value})
+        memory = limits.memory_mb * 1024 * 1024
+        host_config: dict[str, Any] = {
+            "NetworkMode": "none" if docker.network == "none" else docker.network_name,
+            "Memory": memory,
+            "MemorySwap": memory,
+            "PidsLimit": limits.max_processes,
+            "Ulimits": ulimits,
+        }
+        if docker.cpus > 0:
+            host_config["NanoCpus"] = int(docker.cpus * 1e9)
+        return {
+            "Image": image,
+            "Cmd": list(docker.keepalive),
+            "WorkingDir": docker.workdir,
+            "Labels": self.labels,
+            "HostConfig": host_config,
+        }
+
+    async def aclose(self) -> None:
+        if self._api is not None:
+            await self._api.aclose()
+            self._api = None
+
+
+class DockerSandbox:
+    """One container. `exec` runs `sh -c COMMAND` under `timeout -s KILL` in the workspace."""
+
+    backend = BACKEND
+
+    def __init__(self, factory: DockerSandboxFactory, workspace: Path | None, image: str) -> None:
+        self.id = uuid.uuid4().hex[:12]
+        self.timings = Timings()
+        self.image = image
+        self.container_id = ""
+        self._factory = factory
+        self._workspace = workspace
+        self._docker = factory.settings.docker
+        self._limits = factory.settings.limits
+        self._stopped = False
+
+    async def start(self) -> None:
+        began = time.monotonic()
+        if self._workspace is not None and not self._workspace.is_dir():
+            raise SandboxStartError(f"workspace {self._workspace} is not a directory", backend=BACKEND)
+        await self._factory.ensure_image(self.image)
+        api = await self._factory.api()
+        try:
+            self.container_id = await api.create_container(
+                self._factory.container_body(self.image), name=f"rollstream-{self.id}"
+            )
+            await self._put_workspace(api, self._workspace)
+            await api.start_container(self.container_id)
+        except (DockerApiError, DockerUnreachableError) as error:
+            await self._remove_quietly()
+            raise SandboxStartError(f"container for {self.image} did not start: {error}",
+                                    backend=BACKEND) from None
+        self.timings.start_s = time.monotonic() - began
+        self.timings.ready_at = time.time()
+
+    async def attach_workspace(self, workspace: Path | None) -> None:
+        """Give a sandbox started without a workspace (a warm one) its workspace now."""
+        api = self._require_running()
+        if workspace is not None and not workspace.is_dir():
+            raise SandboxStartError(f"workspace {workspace} is not a directory", backend=BACKEND)
+        try:
+            await self._put_workspace(api, workspace)
+        except (DockerApiError, DockerUnreachableError) as error:
+            raise await self._lost(error) from None
+
+    async def _put_workspace(self, api: DockerApi, workspace: Path | None) -> None:
+        workspace_tar = await asyncio.to_thread(tar_directory, workspace, self._docker.workdir)
+        await api.put_archive(self.container_id, "/", workspace_tar)
+
+    async def exec(
+        self,
+        command: str,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
+        api = self._require_running()
+        limit = timeout if timeout is not None else self._limits.command_timeout_s
+        argv = ["timeout", "-s", "KILL", f"{limit:.3f}", "sh", "-c", command]
+        env_list = [f"{key}={value}" for key, value in (env or {}).items()]
+        output = OutputCollector(self._limits.output_limit_bytes)
+        began = time.monotonic()
+        try:
+            async with asyncio.timeout(limit + self._docker.exec_grace_s):
+                code = await api.exec_run(
+                    self.container_id, argv, env=env_list, workdir=cwd or self._docker.workdir,
+                    output=output, timeout_s=limit + self._docker.exec_grace_s,
+                )
+        except TimeoutError as error:
+            raise SandboxTimeoutError(
+                f"sandbox {self.id} did not answer within {limit + self._docker.exec_grace_s:.0f}s "
+                f"(command timeout {limit:.0f}s + exec_grace_s)", backend=BACKEND,
+            ) from error
+        except (DockerApiError, DockerUnreachableError) as error:
+            raise await self._lost(error) from None
+        duration = time.monotonic() - began
+        self.timings.execs.append(duration)
+        return self._result(code, output, duration, limit)
+
+    def _result(self, code: int | None, output: OutputCollector, duration: float, limit: float) -> ExecResult:
+        # `timeout -s KILL` kills its own process group too, so a timeout shows as 137 (or 124).
+        timed_out = code in (124, SIGKILL_EXIT) and duration >= limit * 0.98
+        killed_reason = "timeout" if timed_out else None
+        if code == SIGKILL_EXIT and not timed_out:
+            killed_reason = "memory"  # SIGKILL from outside the command: the cgroup's OOM killer
+        elif code == SIGXCPU_EXIT:
+            killed_reason = "cpu"
+        kept = output.result()
+        return ExecResult(
+            exit_code=code,
+            stdout=kept.stdout.decode(errors="replace"),
+            stderr=kept.stderr.decode(errors="replace"),
+            duration_s=duration,
+            timed_out=timed_out,
+            output_bytes=kept.total_bytes,
+            output_truncated=kept.truncated,
+            killed_reason=killed_reason,
+        )
+
+    async def upload(self, local: Path, remote: str) -> None:
+        api = self._require_running()
+        target = self._absolute(remote)
+        if not local.exists():
+            raise FileNotFoundError(f"upload source {local} does not exist")
+        data = await asyncio.to_thread(tar_path, local, target.lstrip("/"))
+        try:
+            await api.put_archive(self.container_id, "/", data)
+        except (DockerApiError, DockerUnreachableError) as error:
+            raise await self._lost(error) from None
+
+    async def download(self, remote: str, local: Path) -> None:
+        api = self._require_running()
+        with tempfile.TemporaryDirectory(prefix="rollstream-dl-") as scratch:
+            archive = Path(scratch) / "download.tar"
+            try:
+                await api.get_archive(self.container_id, self._absolute(remote), archive)
+            except DockerApiError as error:
+                if error.status == 404 and await self._is_running():
+                    raise FileNotFoundError(f"{remote} does not exist in sandbox {self.id}") from None
+                raise await self._lost(error) from None
+            except DockerUnreachableError as error:
+                raise await self._lost(error) from None
+            await asyncio.to_thread(extract_download, archive, local, Path(scratch) / "out")
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        began = time.monotonic()
+        await self._remove_quietly()
+        self.timings.stop_s = time.monotonic() - began
+
+    def _absolute(self, remote: str) -> str:
+        return remote if remote.startswith("/") else f"{self._docker.workdir.rstrip('/')}/{remote}"
+
+    def _require_running(self) -> DockerApi:
+        api = self._factory._api
+        if self._stopped or not self.container_id or api is None:
+            raise SandboxLostError(f"sandbox {self.id} is not running (never started or stopped)",
+                                   backend=BACKEND)
+        return api
+
+    async def _is_running(self) -> bool:
+        try:
+            info = await self._require_running().inspect_container(self.container_id)
+        except (DockerApiError, DockerUnreachableError, SandboxLostError):
+            return False
+        return bool(info.get("State", {}).get("Running"))
+
+    async def _lost(self, error: Exception) -> SandboxLostError:
+        state = "running" if await self._is_running() else "gone"
+        return SandboxLostError(f"sandbox {self.id} ({state}): {error}", backend=BACKEND)
+
+    async def _remove_quietly(self) -> None:
+        if not self.container_id or self._factory._api is None:
+            return
+        # An engine that is gone took the container with it; other leaks are cleaned at next start.
+        with contextlib.suppress(DockerApiError, DockerUnreachableError):
+            await self._factory._api.remove_container(self.container_id)

@@ -1,0 +1,275 @@
+"""A small async client for the Docker Engine API (Docker or podman's compatible service).
+
+Why not the `docker` SDK here: it is blocking, so every call would go through
+`asyncio.to_thread`, whose default executor has min(32, cores + 4) threads — a hidden
+cap of 6 concurrent execs on a 2-core host, exactly the kind of invisible limit this
+project exists to remove. httpx speaks the same HTTP API natively async, over a unix
+socket or TCP, with one connection pool whose size is a setting.
+
+Errors: `DockerUnreachableError` when nothing answers at the address, `DockerApiError`
+(with the HTTP status) when the API answers with an error. Callers map both to the
+sandbox layer's typed errors.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+API_VERSION = "v1.41"
+STDOUT, STDERR = 1, 2
+
+
+class DockerUnreachableError(Exception):
+    """Nothing answers at the API address (no socket, refused, timed out)."""
+
+
+class DockerApiError(Exception):
+    """The API answered with an error status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"docker API error {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def unix_socket_path(base_url: str) -> str | None:
+    """`unix:///run/x.sock` -> `/run/x.sock`; None for tcp/http addresses."""
+    for prefix in ("unix://", "http+unix://"):
+        if base_url.startswith(prefix):
+            return "/" + base_url[len(prefix) :].lstrip("/")
+    return None
+
+
+def http_base(base_url: str) -> str:
+    if unix_socket_path(base_url) is not None:
+        return f"http://docker/{API_VERSION}"
+    return base_url.replace("tcp://", "http://").rstrip("/") + f"/{API_VERSION}"
+
+
+@dataclass(frozen=True)
+class ExecOutput:
+    """What an exec printed, as kept (head and tail of each stream), and how much in all."""
+
+    stdout: bytes
+    stderr: bytes
+    total_bytes: int
+    truncated: bool
+
+
+class StreamKeeper:
+    """Keeps the first and the last `part` bytes of one stream; counts everything."""
+
+    def __init__(self, part: int) -> None:
+        self.part = part
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.part - len(self.head)
+        if room > 0:
+            self.head.extend(data[:room])
+            data = data[room:]
+        if data and self.part > 0:
+            self.tail.extend(data[-self.part :])
+            del self.tail[: max(0, len(self.tail) - self.part)]
+
+    def kept(self) -> bytes:
+        cut = self.total - len(self.head) - len(self.tail)
+        if cut <= 0:
+            return bytes(self.head + self.tail)
+        return bytes(self.head) + f"\n[... {cut} bytes not kept ...]\n".encode() + bytes(self.tail)
+
+
+class OutputCollector:
+    """Keeps at most `limit` bytes of output: head and tail, a quarter each, of stdout and stderr.
+
+    Output past the limit is read and dropped, never buffered, so a command printing
+    gigabytes costs bandwidth but not memory, and its exit code is still known.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.streams = {STDOUT: StreamKeeper(limit // 4), STDERR: StreamKeeper(limit // 4)}
+
+    def add(self, stream: int, data: bytes) -> None:
+        self.streams.get(stream, self.streams[STDOUT]).add(data)
+
+    def result(self) -> ExecOutput:
+        out, err = self.streams[STDOUT], self.streams[STDERR]
+        total = out.total + err.total
+        kept = len(out.head) + len(out.tail) + len(err.head) + len(err.tail)
+        return ExecOutput(out.kept(), err.kept(), total, total > kept)
+
+
+async def demux_frames(chunks: AsyncIterator[bytes], sink: Callable[[int, bytes], None]) -> None:
+    """Split Docker's multiplexed stream (8-byte header: stream, 0,0,0, big-endian size)."""
+    buffer = bytearray()
+    need_header = True
+    stream, size = 0, 8
+    async for chunk in chunks:
+        buffer.extend(chunk)
+        while len(buffer) >= size:
+            if need_header:
+                stream, size = buffer[0], struct.unpack(">I", bytes(buffer[4:8]))[0]
+                del buffer[:8]
+                need_header = False
+            else:
+                sink(stream, bytes(buffer[:size]))
+                del buffer[:size]
+                need_header, size = True, 8
+            if not need_header and size == 0:
+                need_header, size = True, 8
+
+
+class DockerApi:
+    """One connection pool to one Docker-compatible API."""
+
+    def __init__(self, base_url: str, *, timeout_s: float, max_connections: int) -> None:
+        self.base_url = base_url
+        socket = unix_socket_path(base_url)
+        if socket is not None and not Path(socket).exists():
+            raise DockerUnreachableError(f"no docker API socket at {socket}")
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        transport = httpx.AsyncHTTPTransport(uds=socket, limits=limits) if socket else None
+        self._client = httpx.AsyncClient(
+            transport=transport, base_url=http_base(base_url), timeout=timeout_s, limits=limits
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = await self._client.request(method, path, **kwargs)
+        except (httpx.ConnectError, httpx.ConnectTimeout, FileNotFoundError) as error:
+            raise DockerUnreachableError(f"docker API at {self.base_url} unreachable: {error}") from None
+        except httpx.TimeoutException as error:
+            raise DockerUnreachableError(f"docker API at {self.base_url} timed out: {error!r}") from None
+        if response.status_code >= 400:
+            raise DockerApiError(response.status_code, _error_message(response))
+        return response
+
+    async def ping(self) -> None:
+        await self.request("GET", "/_ping")
+
+    async def image_exists(self, image: str) -> bool:
+        try:
+            await self.request("GET", f"/images/{image}/json")
+        except DockerApiError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    async def pull_image(self, image: str, timeout_s: float) -> None:
+        """Pull `image`; the API reports failures inside a 200 progress stream."""
+        if "@" in image:
+            params = {"fromImage": image}
+        elif ":" in image.split("/")[-1]:
+            name, _, tag = image.rpartition(":")
+            params = {"fromImage": name, "tag": tag}
+        else:
+            params = {"fromImage": image, "tag": "latest"}
+        response = await self.request("POST", "/images/create", params=params, timeout=timeout_s)
+        for line in response.text.splitlines():
+            if line.strip() and "error" in (item := json.loads(line)):
+                raise DockerApiError(500, str(item.get("error")))
+
+    async def create_container(self, body: dict[str, Any], name: str | None = None) -> str:
+        params = {"name": name} if name else None
+        response = await self.request("POST", "/containers/create", json=body, params=params)
+        return str(response.json()["Id"])
+
+    async def start_container(self, container_id: str) -> None:
+        await self.request("POST", f"/containers/{container_id}/start")
+
+    async def inspect_container(self, container_id: str) -> dict[str, Any]:
+        return dict((await self.request("GET", f"/containers/{container_id}/json")).json())
+
+    async def remove_container(self, container_id: str) -> bool:
+        """Force-remove; False when it was already gone."""
+        try:
+            await self.request("DELETE", f"/containers/{container_id}", params={"force": "true", "v": "true"})
+        except DockerApiError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    async def list_containers(self, labels: list[str]) -> list[dict[str, Any]]:
+        filters = json.dumps({"label": labels})
+        response = await self.request("GET", "/containers/json", params={"all": "true", "filters": filters})
+        return list(response.json())
+
+    async def ensure_network(self, name: str, labels: dict[str, str]) -> None:
+        """Create an internal (no route out) network once; concurrent creators are fine."""
+        try:
+            await self.request("GET", f"/networks/{name}")
+            return
+        except DockerApiError as error:
+            if error.status != 404:
+                raise
+        try:
+            body = {"Name": name, "Internal": True, "CheckDuplicate": True, "Labels": labels}
+            await self.request("POST", "/networks/create", json=body)
+        except DockerApiError as error:
+            if error.status != 409:
+                raise
+
+    async def exec_run(
+        self, container_id: str, argv: list[str], *, env: list[str], workdir: str | None,
+        output: OutputCollector, timeout_s: float,
+    ) -> int | None:
+        """Run `argv` in the container, feed its output to `output`, return its exit code."""
+        body: dict[str, Any] = {"Cmd": argv, "AttachStdout": True, "AttachStderr": True, "Env": env}
+        if workdir:
+            body["WorkingDir"] = workdir
+        exec_id = (await self.request("POST", f"/containers/{container_id}/exec", json=body)).json()["Id"]
+        timeout = httpx.Timeout(timeout_s, connect=30.0)
+        try:
+            async with self._client.stream(
+                "POST", f"/exec/{exec_id}/start", json={"Detach": False, "Tty": False}, timeout=timeout
+            ) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise DockerApiError(response.status_code, _error_message(response))
+                await demux_frames(response.aiter_raw(), output.add)
+        except httpx.TimeoutException as error:
+            raise TimeoutError(f"exec {exec_id} sent nothing for {timeout_s:.0f}s") from error
+        except (httpx.TransportError, FileNotFoundError) as error:
+            raise DockerUnreachableError(f"docker API at {self.base_url} dropped exec: {error!r}") from None
+        info = (await self.request("GET", f"/exec/{exec_id}/json")).json()
+        code = info.get("ExitCode")
+        return int(code) if code is not None else None
+
+    async def put_archive(self, container_id: str, path: str, tar_bytes: bytes) -> None:
+        await self.request(
+            "PUT", f"/containers/{container_id}/archive", params={"path": path}, content=tar_bytes
+        )
+
+    async def get_archive(self, container_id: str, path: str, into: Path) -> None:
+        """Stream the tar of `path` into the file `into`."""
+        async with self._client.stream(
+            "GET", f"/containers/{container_id}/archive", params={"path": path}
+        ) as response:
+            if response.status_code >= 400:
+                await response.aread()
+                raise DockerApiError(response.status_code, _error_message(response))
+            with into.open("wb") as handle:
+                async for chunk in response.aiter_bytes():
+                    handle.write(chunk)
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("message", response.text))
+    except (ValueError, AttributeError):
+        return response.text[:500]

@@ -1,0 +1,220 @@
+"""The docker backend through podman's real Docker-compatible API: exec, limits,
+isolation, labels and leak cleanup, file transfer, and typed infrastructure errors."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sandboxes.base import (
+    BackendUnavailableError,
+    SandboxLostError,
+    SandboxStartError,
+)
+from sandboxes.docker import DockerSandbox, DockerSandboxFactory
+from sandboxes.docker_api import DockerApi, DockerApiError
+from sandboxes.settings import SandboxSettings
+
+PROCESS_LIST = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done"
+
+
+async def test_exec_results_env_cwd_and_workspace(box: DockerSandbox) -> None:
+    result = await box.exec("python3 hello.py; cat pkg/data.txt; echo oops >&2; pwd; echo $GREETING",
+                            env={"GREETING": "hi there"})
+    assert result.exit_code == 0 and result.ok
+    assert result.stdout.split("\n")[:4] == ["hello from the workspace", "42", "/workspace", "hi there"]
+    assert result.stderr == "oops\n"
+    assert result.output_bytes == len(result.stdout) + len(result.stderr)
+
+    failed = await box.exec("exit 3")
+    assert failed.exit_code == 3 and not failed.timed_out and not failed.ok
+
+    assert (await box.exec("pwd", cwd="/tmp")).stdout == "/tmp\n"
+    assert (await box.exec("python3 -c 'import pytest; print(pytest.__name__)'")).stdout == "pytest\n"
+    assert box.timings.start_s > 0 and len(box.timings.execs) == 4
+
+
+async def test_timeout_kills_the_whole_process_tree(box: DockerSandbox) -> None:
+    result = await box.exec("sleep 997 & sleep 998 & sleep 999", timeout=2)
+    assert result.timed_out and result.killed_reason == "timeout"
+    assert result.exit_code in (124, 137)
+    survivors = await box.exec(PROCESS_LIST)
+    assert "sleep 99" not in survivors.stdout
+    assert (await box.exec("echo still here")).stdout == "still here\n"
+
+
+async def test_no_network_reaches_the_host_or_outside(box: DockerSandbox) -> None:
+    probe = (
+        "import socket,sys\n"
+        "for host, port in [('127.0.0.1', 19092), ('1.1.1.1', 53), (sys.argv[1], 19092)]:\n"
+        "    try:\n"
+        "        socket.create_connection((host, port), timeout=5); print('connected', host)\n"
+        "    except OSError as e: print('failed', host, type(e).__name__)\n"
+    )
+    await box.exec(f"cat > /tmp/probe.py <<'EOF'\n{probe}EOF")
+    result = await box.exec(f"python3 /tmp/probe.py {_host_address()}", timeout=60)
+    assert result.exit_code == 0, result.stderr
+    assert "connected" not in result.stdout
+    assert result.stdout.count("failed") == 3
+
+
+async def test_shared_internal_network_has_no_way_out(
+    make_factory: Callable[..., DockerSandboxFactory], raw_api: DockerApi
+) -> None:
+    factory = make_factory(docker={"network": "shared-internal", "network_name": "rollstream-test-internal"})
+    box = factory.create(None)
+    await box.start()
+    try:
+        network = (await raw_api.request("GET", "/networks/rollstream-test-internal")).json()
+        assert network["Internal"] is True
+        code = "import socket; socket.create_connection(('{}', {}), timeout=5)"
+        for host, port in (("127.0.0.1", 19092), ("1.1.1.1", 53)):
+            result = await box.exec(f'python3 -c "{code.format(host, port)}"', timeout=60)
+            assert result.exit_code != 0 and "Error" in result.stderr, (host, result)
+    finally:
+        await box.stop()
+        await raw_api.request("DELETE", "/networks/rollstream-test-internal")
+
+
+async def test_labels_and_only_leaked_containers_are_cleaned(
+    make_factory: Callable[..., DockerSandboxFactory], raw_api: DockerApi
+) -> None:
+    first = make_factory()
+    box = first.create(None)
+    await box.start()
+    labels = (await raw_api.inspect_container(box.container_id))["Config"]["Labels"]
+    assert labels["rollstream.sandbox"] == "1"
+    assert labels["rollstream.sandbox.run"] == first.run_id
+    assert labels["rollstream.sandbox.owner"] == first.owner
+
+    dead_owner = f"{socket.gethostname()}/999999999/0"
+    body = first.container_body(first.settings.docker.image)
+    body["Labels"] = {**first.labels, "rollstream.sandbox.owner": dead_owner}
+    leaked = await raw_api.create_container(body)
+
+    second = make_factory()
+    assert await second.cleanup_leaked() == 1
+    with pytest.raises(DockerApiError) as gone:
+        await raw_api.inspect_container(leaked)
+    assert gone.value.status == 404
+    assert (await box.exec("echo alive")).stdout == "alive\n"  # a live owner's sandbox is kept
+    await box.stop()
+
+
+async def test_warm_sandbox_takes_its_workspace_later(
+    make_factory: Callable[..., DockerSandboxFactory], tmp_path: Path
+) -> None:
+    box = make_factory().create(None)
+    await box.start()
+    assert (await box.exec("ls -A")).stdout == ""
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "task.py").write_text("x = 1\n")
+    await box.attach_workspace(tmp_path / "repo")
+    assert (await box.exec("cat task.py")).stdout == "x = 1\n"
+    await box.stop()
+
+
+async def test_upload_download_round_trip(box: DockerSandbox, tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    (source / "deep" / "er").mkdir(parents=True)
+    (source / "deep" / "er" / "f.bin").write_bytes(bytes(range(256)) * 100)
+    (source / "top.txt").write_text("top\n")
+    single = tmp_path / "single.txt"
+    single.write_text("one file\n")
+
+    await box.upload(source, "uploaded")
+    await box.upload(single, "/opt/new/dir/single.txt")
+    listing = await box.exec("cat uploaded/top.txt /opt/new/dir/single.txt; wc -c < uploaded/deep/er/f.bin")
+    assert listing.stdout == "top\none file\n25600\n"
+
+    await box.exec("mkdir -p out/sub && echo made inside > out/sub/made.txt")
+    await box.download("out", tmp_path / "back")
+    assert (tmp_path / "back" / "sub" / "made.txt").read_text() == "made inside\n"
+    await box.download("uploaded/deep/er/f.bin", tmp_path / "f.bin")
+    assert (tmp_path / "f.bin").read_bytes() == (source / "deep" / "er" / "f.bin").read_bytes()
+    with pytest.raises(FileNotFoundError):
+        await box.download("no/such/file", tmp_path / "missing")
+
+
+async def test_output_limit_keeps_head_and_tail_and_counts_all(
+    make_factory: Callable[..., DockerSandboxFactory],
+) -> None:
+    box = make_factory(limits={"output_limit_bytes": 4000}).create(None)
+    await box.start()
+    command = "echo START; head -c 30000000 /dev/zero | tr '\\0' x; echo; echo END"
+    result = await box.exec(command, timeout=120)
+    await box.stop()
+    assert result.exit_code == 0 and result.output_truncated
+    assert result.output_bytes == len("START\n") + 30_000_000 + len("\nEND\n")
+    assert result.stdout.startswith("START\nxxx") and result.stdout.endswith("xxx\nEND\n")
+    assert "bytes not kept" in result.stdout and len(result.stdout) < 4000
+
+
+async def test_fork_bomb_and_memory_hog_are_contained(
+    make_factory: Callable[..., DockerSandboxFactory],
+) -> None:
+    box = make_factory(limits={"max_processes": 64, "memory_mb": 256}).create(None)
+    await box.start()
+    bomb = await box.exec("f(){ f|f& }; f; sleep 2; echo survived", timeout=10)
+    assert "Cannot fork" in bomb.stderr  # the pids limit held, and it is a result, not an error
+    hog = await box.exec("python3 -c 'b = bytearray(1024**3); print(len(b))'", timeout=120)
+    assert hog.exit_code == 137 and not hog.timed_out and hog.killed_reason == "memory"
+    assert (await box.exec("echo fine")).stdout == "fine\n"
+    await box.stop()
+
+
+async def test_stop_removes_the_container_and_a_vanished_one_is_lost(
+    box: DockerSandbox, make_factory: Callable[..., DockerSandboxFactory], raw_api: DockerApi
+) -> None:
+    container = box.container_id
+    await box.stop()
+    await box.stop()  # idempotent
+    with pytest.raises(DockerApiError):
+        await raw_api.inspect_container(container)
+    with pytest.raises(SandboxLostError):
+        await box.exec("true")
+
+    other = make_factory().create(None)
+    await other.start()
+    await raw_api.remove_container(other.container_id)  # the engine loses it behind our back
+    with pytest.raises(SandboxLostError):
+        await other.exec("true")
+    await other.stop()
+
+
+async def test_missing_api_socket_is_a_typed_start_error(tmp_path: Path) -> None:
+    settings = SandboxSettings.model_validate({"docker": {"base_url": f"unix://{tmp_path}/none.sock"}})
+    box = DockerSandboxFactory(settings).create(None)
+    with pytest.raises(BackendUnavailableError) as error:
+        await box.start()
+    assert "rollstream.launcher.podman up" in str(error.value) and error.value.kind == "sandbox_start"
+
+
+async def test_missing_image_pulls_are_counted_and_capped(
+    make_factory: Callable[..., DockerSandboxFactory],
+) -> None:
+    no_pull = make_factory(docker={"pull_missing": False})
+    with pytest.raises(SandboxStartError, match="pull_missing"):
+        await no_pull.create(None, image="rollstream-missing:none").start()
+    assert no_pull.pulls == 0
+
+    capped = make_factory(pool={"image_pulls_per_h": 1})
+    with pytest.raises(SandboxStartError, match="pulling it failed"):  # no registry reachable here
+        await capped.create(None, image="rollstream-missing:none").start()
+    assert capped.pulls == 1
+    with pytest.raises(SandboxStartError, match="image_pulls_per_h=1"):
+        await capped.create(None, image="rollstream-missing:other").start()
+    assert capped.pulls == 1
+
+
+def _host_address() -> str:
+    """This machine's outward address (where a service bound to 0.0.0.0 would listen)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 1))
+            return str(probe.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
