@@ -13,8 +13,15 @@ from streams.synthetic import AttemptSpec, trajectory_events
 POLICY = PolicySettings(group_size=4)
 
 
-def _t(attempt: int, outcome: Outcome = Outcome.RESOLVED, reward: float | None = 1.0, *, retry: int = 0,
-       version: int = 0, turns: int = 2) -> Trajectory:  # fmt: skip
+def _t(
+    attempt: int,
+    outcome: Outcome = Outcome.RESOLVED,
+    reward: float | None = 1.0,
+    *,
+    retry: int = 0,
+    version: int = 0,
+    turns: int = 2,
+) -> Trajectory:
     spec = AttemptSpec(attempt, retry, turns, outcome, reward, version, group_size=4)
     folded = fold_trajectory(trajectory_events("run", "run/g0", spec))
     assert isinstance(folded, Trajectory)
@@ -94,12 +101,19 @@ def test_stale_against_latest_version() -> None:
 
 @pytest.mark.parametrize(
     ("overlong", "rewards", "masked"),
-    [("mask", (1.0, 0.5, 0.0, 0.0), (False, True, False, False)), ("zero", (1.0, 0.0, 0.0, 0.0), None),
-     ("drop", (1.0, 0.0, 0.0), None)],
-)  # fmt: skip
+    [
+        ("mask", (1.0, 0.5, 0.0, 0.0), (False, True, False, False)),
+        ("zero", (1.0, 0.0, 0.0, 0.0), None),
+        ("drop", (1.0, 0.0, 0.0), None),
+    ],
+)
 def test_overlong_policies(overlong: str, rewards: tuple, masked: tuple | None) -> None:
-    members = [_t(0), _t(1, Outcome.TRUNCATED_TURNS, 0.5, turns=9), _t(2, Outcome.UNRESOLVED, 0.0),
-               _t(3, Outcome.UNRESOLVED, 0.0)]  # fmt: skip
+    members = [
+        _t(0),
+        _t(1, Outcome.TRUNCATED_TURNS, 0.5, turns=9),
+        _t(2, Outcome.UNRESOLVED, 0.0),
+        _t(3, Outcome.UNRESOLVED, 0.0),
+    ]
     group = form_group(members, PolicySettings(group_size=4, overlong=overlong), 0)  # type: ignore[arg-type]
     assert isinstance(group, Group)
     assert group.rewards == rewards

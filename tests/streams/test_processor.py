@@ -15,10 +15,16 @@ POLICY = PolicySettings(group_size=4)
 
 
 def _specs(version: int = 0) -> list[AttemptSpec]:
-    outcomes = [(Outcome.RESOLVED, 1.0), (Outcome.UNRESOLVED, 0.0), (Outcome.RESOLVED, 1.0),
-                (Outcome.TRUNCATED_TURNS, 0.0)]  # fmt: skip
-    return [AttemptSpec(a, 0, 2 + a, o, r, version, group_size=4, start_s=a * 0.1) for a, (o, r) in
-            enumerate(outcomes)]  # fmt: skip
+    outcomes = [
+        (Outcome.RESOLVED, 1.0),
+        (Outcome.UNRESOLVED, 0.0),
+        (Outcome.RESOLVED, 1.0),
+        (Outcome.TRUNCATED_TURNS, 0.0),
+    ]
+    return [
+        AttemptSpec(a, 0, 2 + a, o, r, version, group_size=4, start_s=a * 0.1)
+        for a, (o, r) in enumerate(outcomes)
+    ]
 
 
 def _feed(processor: StreamProcessor, events: list[Event]) -> list[Output]:
@@ -80,8 +86,10 @@ def test_malformed_events_are_rejected_and_the_group_still_forms() -> None:
 def test_deadline_aborts_stragglers_who_then_count_per_policy() -> None:
     t0 = 1_700_000_000 * NS
     policy = PolicySettings(group_size=4, group_deadline_s=30.0, abort_grace_s=10.0, overlong="zero")
-    fast = [AttemptSpec(a, 0, 2, Outcome.RESOLVED if a else Outcome.UNRESOLVED, float(a > 0), group_size=4)
-            for a in range(3)]  # fmt: skip
+    fast = [
+        AttemptSpec(a, 0, 2, Outcome.RESOLVED if a else Outcome.UNRESOLVED, float(a > 0), group_size=4)
+        for a in range(3)
+    ]
     slow = trajectory_events(
         "run", "run/g0", AttemptSpec(3, 0, 40, Outcome.UNRESOLVED, 0.0, group_size=4), t0_ns=t0
     )

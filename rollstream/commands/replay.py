@@ -1,0 +1,122 @@
+"""`rollstream replay`: rebuild a run's datasets from the log, or check the recorded topics.
+
+`--dataset sft|rl|trajectories --out FILE(.jsonl|.parquet)` replays the run with
+its recorded policies (the ones on its groups), with any `--set policy.KEY=...`
+taking precedence, and writes the dataset. `--compare` replays with the recorded
+policies and lists every difference from the recorded `trajectories` and `groups`
+topics (exit 1 when there is any). `--from-db` reads the SQL store's `events`
+table instead of the topics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Literal
+
+import typer
+from rich.table import Table
+
+from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.config import Config
+from streams.datasets import DatasetError, Decode, rl_rows, sft_rows, trajectory_rows, write_rows
+from streams.events import DecodeError
+from streams.policies import cut_limits, explicit_policy_keys, replay_policy
+from streams.replay import RecordedRun, compare, load_from_db, load_from_topics, replay
+from streams.settings import PolicySettings
+
+Dataset = Literal["sft", "rl", "trajectories"]
+
+
+def load_run(cfg: Config, run: str, from_db: bool) -> RecordedRun:
+    """The recorded run from the topics or the SQL store; a clear error when it has no events."""
+    with console.status(f"reading run {run} from {'the SQL store' if from_db else 'the topics'}"):
+        try:
+            recorded = (
+                load_from_db(cfg.db_url, run)
+                if from_db
+                else asyncio.run(load_from_topics(cfg.kafka, cfg.topics, run))
+            )
+        except DecodeError as error:
+            fail(f"cannot read run {run}: {error}")
+            raise
+    if not recorded.events:
+        where = cfg.db_url if from_db else f"topic {cfg.topics.prefix}rollout.events at {cfg.kafka.bootstrap}"
+        fail(f"run {run!r} has no rollout events in {where}; check --run (and --from-db / topics.prefix)")
+    return recorded
+
+
+def policies(
+    cfg: Config, recorded: RecordedRun, overrides: list[str]
+) -> tuple[PolicySettings, PolicySettings]:
+    """(recorded policy, the policy to replay with: recorded plus explicit --set policy.* keys)."""
+    base = replay_policy(recorded.recorded_policy(), cfg.policy, set())
+    return base, replay_policy(recorded.recorded_policy(), cfg.policy, explicit_policy_keys(overrides))
+
+
+def command(
+    run: str = typer.Option(..., "--run", help="run id"),
+    dataset: Dataset | None = typer.Option(None, "--dataset", help="sft | rl | trajectories"),
+    out: Path | None = typer.Option(None, "--out", help="output file, .jsonl or .parquet"),
+    compare_topics: bool = typer.Option(False, "--compare", help="compare with the recorded topics"),
+    from_db: bool = typer.Option(False, "--from-db", help="read the SQL store's events table"),
+    config: ConfigPath = None,
+    overrides: Overrides = None,
+) -> None:
+    """Replay a run from the log into a dataset, or compare a replay with the recorded topics."""
+    cfg = read_config(config, overrides)
+    if not compare_topics and (dataset is None or out is None):
+        fail("give --dataset and --out (or --compare)", code=2)
+    recorded = load_run(cfg, run, from_db)
+    if compare_topics:
+        _compare(cfg, recorded, from_db)
+        return
+    assert dataset is not None and out is not None
+    _, policy = policies(cfg, recorded, overrides or [])
+    result = replay(recorded, policy, cut_limits(policy, explicit_policy_keys(overrides or [])))
+    if dataset == "sft":
+        rows = sft_rows(result.folded, _decoder(cfg))
+    elif dataset == "rl":
+        rows = rl_rows(result.trajectories, result.groups)
+    else:
+        rows = trajectory_rows(result.trajectories)
+    try:
+        write_rows(rows, out)
+    except DatasetError as error:
+        fail(str(error), code=2)
+    console.print(f"wrote {len(rows)} {dataset} rows of run {run} to {out}")
+
+
+def _compare(cfg: Config, recorded: RecordedRun, from_db: bool) -> None:
+    if from_db:  # the store keeps groups but not trajectories: compare those against the topics
+        topics = asyncio.run(load_from_topics(cfg.kafka, cfg.topics, recorded.run_id))
+        recorded.trajectories = topics.trajectories
+    policy, _ = policies(cfg, recorded, [])
+    result = replay(recorded, policy)
+    differences = compare(recorded.trajectories, result.trajectories, "trajectories")
+    differences += compare(recorded.groups, result.groups, "groups")
+    table = Table(title=f"replay of {recorded.run_id} with the recorded policies")
+    for column in ("topic", "recorded", "replayed", "differences"):
+        table.add_column(column, justify="right")
+    for label, old, new in (
+        ("trajectories", recorded.trajectories, result.trajectories),
+        ("groups", recorded.groups, result.groups),
+    ):
+        table.add_row(label, str(len(old)), str(len(new)), str(sum(d.startswith(label) for d in differences)))
+    console.print(table)
+    for line in differences[:50]:
+        console.print(f"  {line}")
+    if differences:
+        fail(f"{len(differences)} differences between the replay and the recorded topics")
+    console.print("no differences")
+
+
+def _decoder(cfg: Config) -> Decode | None:
+    """The model's tokenizer decode, when the model directory has one; else messages show commands."""
+    try:
+        from trainer.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(cfg.model_dir)
+    except (FileNotFoundError, ImportError, OSError):
+        return None
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=False)

@@ -1,0 +1,49 @@
+"""`rollstream tail --run RUN`: the reference run's tail figures for any run."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+from rollstream.commands.common import ConfigPath, Overrides, console, read_config
+from rollstream.commands.replay import load_run, policies
+from streams.replay import replay
+from streams.tail import TailFigures, tail_figures
+
+
+def figure_rows(figures: TailFigures) -> list[tuple[str, str]]:
+    def opt(value: float | None, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    return [
+        ("trajectories", str(figures.trajectories)),
+        ("share at the turn cap", f"{figures.at_turn_cap_share:.1%}"),
+        ("median turns of resolved", opt(figures.median_turns_resolved, ".1f")),
+        ("wall time after 90% finished", f"{figures.tail_share:.1%}"),
+        ("rollout wall time", f"{figures.wall_s:.1f} s"),
+        (
+            "slowest trajectory",
+            f"{figures.slowest_trajectory} ({figures.slowest_s:.1f} s, {figures.slowest_turns} turns)",
+        ),
+        ("group max/min turns, median", opt(figures.group_length_ratio_median, ".2f")),
+        ("group max/min turns, max", opt(figures.group_length_ratio_max, ".2f")),
+    ]
+
+
+def command(
+    run: str = typer.Option(..., "--run", help="run id"),
+    from_db: bool = typer.Option(False, "--from-db", help="read the SQL store's events table"),
+    config: ConfigPath = None,
+    overrides: Overrides = None,
+) -> None:
+    """Tail figures of a run: turn cap share, median resolved turns, wall time after 90%, slowest."""
+    cfg = read_config(config, overrides)
+    recorded = load_run(cfg, run, from_db)
+    _, policy = policies(cfg, recorded, overrides or [])
+    figures = tail_figures(replay(recorded, policy).folded)
+    table = Table(title=f"tail of run {run}")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for name, value in figure_rows(figures):
+        table.add_row(name, value)
+    console.print(table)

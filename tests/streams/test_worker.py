@@ -1,0 +1,143 @@
+"""The stream worker on the real broker: SIGKILL mid-stream, restart, exactly the expected groups once.
+
+Also: the group deadline writes `RolloutAbort` on `rollout.control` and forms the group
+without the straggler after the grace; malformed records go to `deadletter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rollstream.config import Config
+from streams.app import StreamWorker
+from streams.bus import EventProducer, read_topic
+from streams.events import Event
+from streams.outcomes import Outcome
+from streams.payloads import RolloutAbort
+from streams.processor import Emit, StreamProcessor
+from streams.settings import PolicySettings
+from streams.synthetic import AttemptSpec, group_events, synthetic_run, trajectory_events
+
+ROLLSTREAM = str(Path(sys.executable).parent / "rollstream")
+
+
+async def _produce(config: Config, events: list[Event], raw: list[bytes] = ()) -> None:  # type: ignore[assignment]
+    async with EventProducer(config.kafka, config.topics) as producer:
+        for event in events:
+            await producer.send("rollout.events", event)
+        for value in raw:
+            await producer.send_raw("rollout.events", value, b"bad")
+        await producer.flush()
+
+
+async def _ids(config: Config, short: str) -> list:
+    return [c.event.id for c in await read_topic(config.kafka, config.topics, short, idle_s=0.5)]
+
+
+def _poll(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
+        time.sleep(1.0)
+
+
+def _start_worker(config: Config, log: Path, name: str) -> subprocess.Popen[bytes]:
+    args = [
+        ROLLSTREAM,
+        "worker",
+        "--name",
+        name,
+        "-s",
+        f'kafka.bootstrap="{config.kafka.bootstrap}"',
+        "-s",
+        f'topics.prefix="{config.topics.prefix}"',
+        "-s",
+        "streams.commit_interval_s=0.2",
+    ]
+    return subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=log.parent)
+
+
+def test_sigkill_and_restart_give_every_group_exactly_once(
+    config_factory: Callable[..., Config], tmp_path: Path
+) -> None:
+    config = config_factory()
+    events = sorted(synthetic_run("run-kill", groups=40, group_size=4, seed=11), key=lambda e: e.time_ns)
+    processor = StreamProcessor(config.policy)
+    expected = {
+        o.event.id: o.event.data
+        for e in events
+        for o in processor.feed(e)
+        if isinstance(o, Emit) and o.topic == "groups"
+    }
+    assert len(expected) == 40
+    split = len(events) * 6 // 10
+    asyncio.run(_produce(config, events[:split] + events[100:160], [b"not json at all"]))
+    log = tmp_path / "worker.log"
+    worker = _start_worker(config, log, "w-killed")
+    try:
+        _poll(lambda: len(asyncio.run(_ids(config, "groups"))) >= 8, 120, "groups before the kill")
+    finally:
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(30)
+    asyncio.run(_produce(config, events[split:]))
+    restarted = _start_worker(config, log, "w-restarted")
+    try:
+        _poll(lambda: len(set(asyncio.run(_ids(config, "groups")))) >= 40, 180, "all groups after restart")
+        time.sleep(2.0)  # anything duplicated would land now
+    finally:
+        restarted.send_signal(signal.SIGTERM)
+        assert restarted.wait(60) == 0, log.read_text()[-3000:]
+    groups = asyncio.run(read_topic(config.kafka, config.topics, "groups", idle_s=0.5))
+    assert sorted(str(c.event.id) for c in groups) == sorted(str(i) for i in expected)
+    assert {c.event.id: c.event.data for c in groups} == expected
+    trajectories = asyncio.run(_ids(config, "trajectories"))
+    assert len(set(trajectories)) == len({e.trajectory_id for e in events})
+    dead = asyncio.run(read_topic(config.kafka, config.topics, "deadletter", idle_s=0.5))
+    assert any("not JSON" in c.event.data.reason for c in dead)  # type: ignore[attr-defined]
+
+
+async def test_deadline_writes_aborts_then_forms_without_the_straggler(
+    config_factory: Callable[..., Config],
+) -> None:
+    config = await asyncio.to_thread(config_factory)
+    policy = PolicySettings(group_size=4, group_deadline_s=2.0, abort_grace_s=2.0)
+    t0 = time.time_ns()
+    specs = [
+        AttemptSpec(
+            a,
+            0,
+            2,
+            Outcome.RESOLVED if a % 2 else Outcome.UNRESOLVED,
+            float(a % 2),
+            group_size=4,
+            turn_s=0.01,
+        )
+        for a in range(3)
+    ]
+    straggler = trajectory_events("run-d", "run-d/g0", AttemptSpec(3, 0, 30, group_size=4), t0_ns=t0)[:6]
+    await _produce(config, group_events("run-d", "run-d/g0", specs, t0_ns=t0) + straggler)
+    worker = StreamWorker(config.kafka, config.topics, policy, config.streams, name="w-deadline")
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        deadline = time.monotonic() + 90
+        while worker.stats.groups < 1:
+            assert time.monotonic() < deadline and not task.done(), "no group after the deadline"
+            await asyncio.sleep(0.5)
+    finally:
+        stop.set()
+        await task
+    [abort] = await read_topic(config.kafka, config.topics, "rollout.control", idle_s=0.5)
+    assert isinstance(abort.event.data, RolloutAbort)
+    assert (
+        abort.event.data.trajectory_ids == ["run-d/g0/a3r0"] and abort.event.data.reason == "group_deadline"
+    )
+    [group] = await read_topic(config.kafka, config.topics, "groups", idle_s=0.5)
+    assert group.event.data.members == ["run-d/g0/a0r0", "run-d/g0/a1r0", "run-d/g0/a2r0"]  # type: ignore[attr-defined]
