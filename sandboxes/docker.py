@@ -46,9 +46,10 @@ from sandboxes.base import (
     SandboxTimeoutError,
     Timings,
 )
-from sandboxes.docker_api import DockerApi, DockerApiError, DockerUnreachableError, OutputCollector
-from sandboxes.docker_files import extract_download, tar_directory, tar_path
+from sandboxes.docker_api import DockerApi, DockerApiError, DockerUnreachableError
+from sandboxes.output import OutputCollector, exec_result, timeout_argv
 from sandboxes.settings import SandboxSettings
+from sandboxes.transfer import extract_download, tar_directory, tar_path
 
 BACKEND = "docker"
 DEFAULT_SOCKETS = ("/var/run/docker.sock", "/run/podman/podman.sock")
@@ -56,7 +57,6 @@ START_HINT = (
     "start podman's Docker-compatible API with `.venv/bin/python -m rollstream.launcher.podman up` "
     "(it prints the socket) and set sandbox.docker.base_url to it, or point it at a Docker engine"
 )
-SIGKILL_EXIT, SIGXCPU_EXIT = 128 + 9, 128 + 24
 PullGate = Callable[[], Awaitable[None]]  # sandboxes.base.PullGate: the pool's image_pulls_per_h gate
 
 
@@ -288,7 +288,7 @@ class DockerSandbox:
     ) -> ExecResult:
         api = self._require_running()
         limit = timeout if timeout is not None else self._limits.command_timeout_s
-        argv = ["timeout", "-s", "KILL", f"{limit:.3f}", "sh", "-c", command]
+        argv = timeout_argv(command, limit)
         env_list = [f"{key}={value}" for key, value in (env or {}).items()]
         output = OutputCollector(self._limits.output_limit_bytes)
         began = time.monotonic()
@@ -307,27 +307,7 @@ class DockerSandbox:
             raise await self._lost(error) from None
         duration = time.monotonic() - began
         self.timings.execs.append(duration)
-        return self._result(code, output, duration, limit)
-
-    def _result(self, code: int | None, output: OutputCollector, duration: float, limit: float) -> ExecResult:
-        # `timeout -s KILL` kills its own process group too, so a timeout shows as 137 (or 124).
-        timed_out = code in (124, SIGKILL_EXIT) and duration >= limit * 0.98
-        killed_reason = "timeout" if timed_out else None
-        if code == SIGKILL_EXIT and not timed_out:
-            killed_reason = "memory"  # SIGKILL from outside the command: the cgroup's OOM killer
-        elif code == SIGXCPU_EXIT:
-            killed_reason = "cpu"
-        kept = output.result()
-        return ExecResult(
-            exit_code=code,
-            stdout=kept.stdout.decode(errors="replace"),
-            stderr=kept.stderr.decode(errors="replace"),
-            duration_s=duration,
-            timed_out=timed_out,
-            output_bytes=kept.total_bytes,
-            output_truncated=kept.truncated,
-            killed_reason=killed_reason,
-        )
+        return exec_result(code, output, duration, limit)
 
     async def upload(self, local: Path, remote: str) -> None:
         api = self._require_running()

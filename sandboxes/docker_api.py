@@ -16,14 +16,14 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from sandboxes.output import OutputCollector
+
 API_VERSION = "v1.41"
-STDOUT, STDERR = 1, 2
 
 
 class DockerUnreachableError(Exception):
@@ -51,62 +51,6 @@ def http_base(base_url: str) -> str:
     if unix_socket_path(base_url) is not None:
         return f"http://docker/{API_VERSION}"
     return base_url.replace("tcp://", "http://").rstrip("/") + f"/{API_VERSION}"
-
-
-@dataclass(frozen=True)
-class ExecOutput:
-    """What an exec printed, as kept (head and tail of each stream), and how much in all."""
-
-    stdout: bytes
-    stderr: bytes
-    total_bytes: int
-    truncated: bool
-
-
-class StreamKeeper:
-    """Keeps the first and the last `part` bytes of one stream; counts everything."""
-
-    def __init__(self, part: int) -> None:
-        self.part = part
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.total = 0
-
-    def add(self, data: bytes) -> None:
-        self.total += len(data)
-        room = self.part - len(self.head)
-        if room > 0:
-            self.head.extend(data[:room])
-            data = data[room:]
-        if data and self.part > 0:
-            self.tail.extend(data[-self.part :])
-            del self.tail[: max(0, len(self.tail) - self.part)]
-
-    def kept(self) -> bytes:
-        cut = self.total - len(self.head) - len(self.tail)
-        if cut <= 0:
-            return bytes(self.head + self.tail)
-        return bytes(self.head) + f"\n[... {cut} bytes not kept ...]\n".encode() + bytes(self.tail)
-
-
-class OutputCollector:
-    """Keeps at most `limit` bytes of output: head and tail, a quarter each, of stdout and stderr.
-
-    Output past the limit is read and dropped, never buffered, so a command printing
-    gigabytes costs bandwidth but not memory, and its exit code is still known.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.streams = {STDOUT: StreamKeeper(limit // 4), STDERR: StreamKeeper(limit // 4)}
-
-    def add(self, stream: int, data: bytes) -> None:
-        self.streams.get(stream, self.streams[STDOUT]).add(data)
-
-    def result(self) -> ExecOutput:
-        out, err = self.streams[STDOUT], self.streams[STDERR]
-        total = out.total + err.total
-        kept = len(out.head) + len(out.tail) + len(err.head) + len(err.tail)
-        return ExecOutput(out.kept(), err.kept(), total, total > kept)
 
 
 async def demux_frames(chunks: AsyncIterator[bytes], sink: Callable[[int, bytes], None]) -> None:

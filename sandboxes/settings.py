@@ -90,10 +90,16 @@ class DockerSettings(Frozen):
 
 
 class E2BSettings(Frozen):
+    """The e2b backend (E2B's cloud microVMs). The key is read from the environment only."""
+
     template: str = "base"
-    timeout_s: int = 3600
+    timeout_s: int = Field(default=3600, description="sandbox lifetime in E2B's cloud")
     request_timeout_s: float = 30.0
     api_key_env: str = Field(default="E2B_API_KEY", description="environment variable holding the key")
+    domain: str = Field(default="", description="E2B domain (self-hosted); empty = the SDK's default")
+    workdir: str = Field(default="/home/user/workspace", description="where the workspace appears inside")
+    allow_internet_access: bool = Field(default=False, description="sandboxes get no network by default")
+    exec_grace_s: float = Field(default=30.0, description="wait past a command's timeout before giving up")
 
 
 class SandboxSettings(Frozen):

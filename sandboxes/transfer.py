@@ -1,4 +1,5 @@
-"""Tar archives for the docker backend's file transfer (the API's archive endpoints).
+"""Tar archives for moving files in and out of sandboxes (docker's archive endpoints,
+a tarball through E2B's file API).
 
 `tar_directory` packs a workspace under the container's workdir; `tar_path` packs a
 file or directory under a path relative to `/` (the engine creates missing parent
