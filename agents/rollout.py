@@ -38,7 +38,7 @@ from agents.episode import Episode, EpisodeServices, EpisodeSpec
 from agents.offsets import OffsetTracker
 from agents.settings import RolloutSettings
 from agents.submit import TaskRef, request_event
-from sandboxes.tasks.harbor import Task, TaskFormatError, load_task
+from sandboxes.tasks import Task, TaskFormatError, load_task
 from streams.bus import Consumed, EventConsumer, EventProducer
 from streams.events import Event
 from streams.payloads import RolloutRequested, TrajectoryFinished

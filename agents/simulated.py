@@ -5,6 +5,7 @@
 (unscaled seconds) and whether the reply submits; replies are a fixed bash
 command or the submit command, tokenised once. Sleeps are multiplied by
 `time_scale`. `abort(rid)` ends the in-flight call with finish reason `abort`.
+`on_work` is told the unscaled seconds of every call as it begins.
 """
 
 from __future__ import annotations
@@ -43,11 +44,13 @@ class SimulatedPolicy:
         submit_command: str,
         time_scale: float = 1.0,
         weight_version: int = 0,
+        on_work: Callable[[float], None] | None = None,
     ) -> None:
         self.chat = chat
         self.script = script
         self.time_scale = time_scale
         self.weight_version = weight_version
+        self.on_work = on_work
         self._command_ids = [*chat.encode(COMMAND_REPLY), chat.im_end]
         self._submit_ids = [*chat.encode(SUBMIT_REPLY.format(submit_command=submit_command)), chat.im_end]
         self._in_flight: dict[str, asyncio.Future[None]] = {}
@@ -57,6 +60,8 @@ class SimulatedPolicy:
         trajectory, _, turn = rid.rpartition(":")
         planned = self.script(trajectory, int(turn))
         self.calls += 1
+        if self.on_work is not None:
+            self.on_work(planned.latency_s)
         aborted = asyncio.get_running_loop().create_future()
         self._in_flight[rid] = aborted
         try:

@@ -3,8 +3,10 @@
 `start()` sleeps a lognormal start time (reference run: median 1.9 s, p99 3.7 s),
 `exec()` sleeps a lognormal command time and answers a short fixed output, all
 multiplied by `time_scale` so a benchmark can run the reference workload faster
-than real time. A share of starts can fail (`start_failure_rate`) to exercise
-the infrastructure-error path. Nothing here touches the workspace.
+(or slower) than real time. `on_work` is told the unscaled seconds of every
+start and command as it begins (the sleep follows at once), so a benchmark can
+account the simulated work done up to any moment. A share of starts can fail
+(`start_failure_rate`) to exercise the infrastructure-error path. Nothing here touches the workspace.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import itertools
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxes.base import ExecResult, SandboxStartError, Timings
 
 Z99 = 2.3263478740408408
+WorkHook = Callable[[float], None]
 
 
 @dataclass(frozen=True)
@@ -50,16 +54,22 @@ class SimulatedLatency:
 class SimulatedSandbox:
     backend = "simulated"
 
-    def __init__(self, sandbox_id: str, latency: SimulatedLatency, rng: random.Random) -> None:
+    def __init__(
+        self, sandbox_id: str, latency: SimulatedLatency, rng: random.Random, on_work: WorkHook | None = None
+    ) -> None:
         self.id = sandbox_id
         self.latency = latency
         self.rng = rng
+        self.on_work = on_work
         self.timings = Timings()
         self.started = False
 
     async def start(self) -> None:
         t0 = time.monotonic()
-        await asyncio.sleep(self.latency.start_s(self.rng) * self.latency.time_scale)
+        planned = self.latency.start_s(self.rng)
+        if self.on_work is not None:
+            self.on_work(planned)
+        await asyncio.sleep(planned * self.latency.time_scale)
         if self.rng.random() < self.latency.start_failure_rate:
             raise SandboxStartError(f"simulated start failure of {self.id}", backend=self.backend)
         self.timings.start_s = (time.monotonic() - t0) / self.latency.time_scale
@@ -73,7 +83,10 @@ class SimulatedSandbox:
         env: dict[str, str] | None = None,
     ) -> ExecResult:
         t0 = time.monotonic()
-        await asyncio.sleep(self.latency.exec_s(self.rng) * self.latency.time_scale)
+        planned = self.latency.exec_s(self.rng)
+        if self.on_work is not None:
+            self.on_work(planned)
+        await asyncio.sleep(planned * self.latency.time_scale)
         output = f"simulated output of: {command[:60]}\n"
         duration = (time.monotonic() - t0) / self.latency.time_scale
         self.timings.execs.append(duration)
@@ -92,10 +105,13 @@ class SimulatedSandbox:
 class SimulatedSandboxFactory:
     backend = "simulated"
 
-    def __init__(self, latency: SimulatedLatency | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, latency: SimulatedLatency | None = None, seed: int = 0, on_work: WorkHook | None = None
+    ) -> None:
         self.latency = latency or SimulatedLatency()
         self.rng = random.Random(seed)
+        self.on_work = on_work
         self._ids = itertools.count()
 
     def create(self, workspace: Path | None) -> SimulatedSandbox:
-        return SimulatedSandbox(f"sim-{next(self._ids)}", self.latency, self.rng)
+        return SimulatedSandbox(f"sim-{next(self._ids)}", self.latency, self.rng, self.on_work)

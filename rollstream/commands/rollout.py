@@ -32,8 +32,7 @@ from rollstream.config import Config
 from sandboxes.backends import make_factory
 from sandboxes.base import Sandbox
 from sandboxes.pool import SandboxPool
-from sandboxes.tasks.harbor import Task
-from sandboxes.tasks.verifier import Verdict, run_verifier
+from sandboxes.tasks import Task, Verdict, run_verifier
 from trainer.tokenizer import load_tokenizer
 
 app = typer.Typer(help="Rollout workers and their requests.", invoke_without_command=True)
