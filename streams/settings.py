@@ -23,6 +23,11 @@ class KafkaSettings(Frozen):
     max_request_size: int = 8_388_608
     compression: Literal["zstd", "gzip", "lz4", "none"] = "zstd"
     request_timeout_ms: int = 40_000
+    fetch_max_bytes: int = Field(default=52_428_800, description="consumer: most bytes per fetch")
+    max_partition_fetch_bytes: int = Field(default=10_485_760, description="consumer: per partition")
+    producer_batch_records: int = Field(
+        default=2000, description="EventProducer hands records to aiokafka in batches of at most this many"
+    )
 
 
 class TopicSettings(Frozen):

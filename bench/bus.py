@@ -1,0 +1,174 @@
+"""`rollstream bench bus`: events/s through `streams.bus` vs raw aiokafka, same broker, same run.
+
+Our path: `EventProducer.send` (encode + batch) and `EventConsumer.batch` (decode,
+dead-letter check) of a realistic mix of events (`streams.sample_events.BENCH_MIX`:
+turn.generated events with a few hundred tokens and logprobs, tool output, ...).
+Raw path: one `AIOKafkaProducer` with the same settings sending the same
+pre-encoded bytes and keys with `send` (futures not awaited one by one), and an
+`AIOKafkaConsumer` reading them back with `getmany`. Each pass produces and
+consumes concurrently into fresh topics (deleted afterwards); passes alternate
+our/raw and the medians are reported. Last line:
+`{"events_per_s": ..., "raw_events_per_s": ..., "ratio": ...}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Annotated
+
+import typer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from rich.progress import Progress
+
+from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.config import Config
+from rollstream.launcher import kafka as kafka_launcher
+from rollstream.launcher.process import LauncherError
+from streams.bus import EventConsumer, EventProducer
+from streams.events import Event, encode_event
+from streams.sample_events import bench_mix
+from streams.settings import TopicSettings
+from streams.topics import create_topics, topic_name
+
+TOPIC = "rollout.events"
+UNIQUE_EVENTS = 4096  # the mix repeats after this many (generation is not what we measure)
+
+
+async def _ours(
+    config: Config, topics: TopicSettings, events: list[Event], on_progress: Callable[[int], None]
+) -> float:
+    async with EventConsumer(config.kafka, topics, [TOPIC], group_id=None, name="bench") as consumer:
+        start = time.perf_counter()
+
+        async def produce() -> None:
+            async with EventProducer(config.kafka, topics) as producer:
+                for event in events:
+                    await producer.send(TOPIC, event)
+
+        producing = asyncio.create_task(produce())
+        seen = 0
+        while seen < len(events):
+            seen += len(await consumer.batch(timeout_ms=200))
+            on_progress(seen)
+        await producing
+        return time.perf_counter() - start
+
+
+async def _raw(
+    config: Config,
+    topics: TopicSettings,
+    records: list[tuple[bytes, bytes | None]],
+    on_progress: Callable[[int], None],
+) -> float:
+    kafka = config.kafka
+    name = topic_name(topics, TOPIC)
+    consumer = AIOKafkaConsumer(
+        name, bootstrap_servers=kafka.bootstrap, group_id=None, enable_auto_commit=False,
+        auto_offset_reset="earliest", fetch_max_bytes=kafka.fetch_max_bytes,
+        max_partition_fetch_bytes=kafka.max_partition_fetch_bytes,
+    )  # fmt: skip
+    producer = AIOKafkaProducer(
+        bootstrap_servers=kafka.bootstrap, acks="all", enable_idempotence=True,
+        compression_type=None if kafka.compression == "none" else kafka.compression,
+        linger_ms=kafka.linger_ms, max_batch_size=kafka.max_batch_size,
+        max_request_size=kafka.max_request_size,
+    )  # fmt: skip
+    await consumer.start()
+    await producer.start()
+    try:
+        start = time.perf_counter()
+
+        async def produce() -> None:
+            for value, key in records:
+                await producer.send(name, value, key=key)
+            await producer.flush()
+
+        producing = asyncio.create_task(produce())
+        seen = 0
+        while seen < len(records):
+            batches = await consumer.getmany(timeout_ms=200, max_records=5000)
+            for batch in batches.values():
+                seen += sum(1 for record in batch if record.value)
+            on_progress(seen)
+        await producing
+        return time.perf_counter() - start
+    finally:
+        await producer.stop()
+        await consumer.stop()
+
+
+async def _fresh_topics(config: Config) -> TopicSettings:
+    topics = config.topics.model_copy(update={"prefix": f"bench-{uuid.uuid4().hex[:8]}-"})
+    await create_topics(config.kafka, topics)
+    return topics
+
+
+async def _drop_topics(config: Config, topics: TopicSettings) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=config.kafka.bootstrap)
+    await admin.start()
+    try:
+        names = [name for name in await admin.list_topics() if name.startswith(topics.prefix)]
+        await admin.delete_topics(names)
+    finally:
+        await admin.close()
+
+
+async def _run(config: Config, count: int, rounds: int, tokens: int) -> dict[str, float]:
+    unique = bench_mix(min(count, UNIQUE_EVENTS), tokens)
+    events = [unique[i % len(unique)] for i in range(count)]
+    encoded = [encode_event(event) for event in unique]
+    records = [(encoded[i % len(unique)], unique[i % len(unique)].key) for i in range(count)]
+    ours: list[float] = []
+    raw: list[float] = []
+    with Progress(console=console, transient=True) as progress:
+        for round_no in range(1, rounds + 1):
+            for label, results in (("streams.bus", ours), ("raw aiokafka", raw)):
+                task = progress.add_task(f"round {round_no}/{rounds} {label}", total=count)
+
+                def on_progress(seen: int, task: int = task) -> None:
+                    progress.update(task, completed=seen)
+
+                topics = await _fresh_topics(config)
+                try:
+                    run: Awaitable[float] = (
+                        _ours(config, topics, events, on_progress)
+                        if results is ours
+                        else _raw(config, topics, records, on_progress)
+                    )
+                    results.append(count / await run)
+                finally:
+                    await _drop_topics(config, topics)
+                console.print(f"round {round_no} {label}: {results[-1]:,.0f} events/s")
+    ours_median, raw_median = statistics.median(ours), statistics.median(raw)
+    return {
+        "events": count,
+        "rounds": rounds,
+        "events_per_s": round(ours_median, 1),
+        "raw_events_per_s": round(raw_median, 1),
+        "ratio": round(ours_median / raw_median, 3),
+    }
+
+
+def command(
+    config: ConfigPath = None,
+    overrides: Overrides = None,
+    events: Annotated[int, typer.Option(help="events per pass")] = 200_000,
+    rounds: Annotated[int, typer.Option(help="passes of each path (alternating); medians reported")] = 3,
+    tokens: Annotated[int, typer.Option(help="output tokens per turn.generated")] = 300,
+) -> None:
+    """Events/s produced and consumed through streams.bus vs raw aiokafka (target ratio >= 0.7)."""
+    cfg = read_config(config, overrides)
+    if cfg.kafka.bootstrap == f"127.0.0.1:{cfg.broker.port}":  # the local broker: start it if needed
+        try:
+            kafka_launcher.ensure_up(cfg)
+        except LauncherError as error:
+            fail(str(error))
+    result = asyncio.run(_run(cfg, events, rounds, tokens))
+    console.print(f"streams.bus {result['events_per_s']:,.0f}/s vs raw {result['raw_events_per_s']:,.0f}/s")
+    print(json.dumps(result))

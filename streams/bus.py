@@ -1,0 +1,385 @@
+"""The Kafka bus: `EventProducer`, `EventConsumer` and `read_topic`.
+
+Producer: idempotent, `acks=all`, compressed, and batched by us: `send` appends
+the encoded event to an open record batch of its partition (the key's murmur2
+partition, as Kafka's default partitioner picks it) and returns at once; a batch
+goes to aiokafka when it is full, holds `kafka.producer_batch_records` records, or
+has lingered `kafka.linger_ms`. `flush` waits until everything sent is acked and
+raises the first delivery error. `send_and_wait` returns once that event is acked.
+
+Consumer: auto commit off; `batch` returns decoded events with their short topic,
+partition and offset. A record that is not a valid event (not JSON, unknown type,
+schema violation) becomes a `deadletter.record` event on `deadletter` (reason,
+source topic, partition, offset, original bytes) and is skipped; `commit` first
+makes sure those dead letters are acked, so no bad record is lost by committing
+past it. `read_topic` reads a whole topic from offset 0 to its current end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.producer.message_accumulator import BatchBuilder
+
+from streams.events import DecodeError, Event, encode_event, make_event
+from streams.fast_decode import decode_event_fast
+from streams.payloads import DeadLetterRecord
+from streams.settings import KafkaSettings, TopicSettings
+from streams.topics import topic_name
+
+logger = logging.getLogger(__name__)
+KEY_CACHE_SIZE = 100_000  # keys remembered per topic (partition counts never shrink)
+
+
+class BusError(RuntimeError):
+    """A record could not be delivered or the bus was misused; the message says why."""
+
+
+@dataclass(frozen=True)
+class Consumed:
+    event: Event
+    topic: str  # short name, e.g. "rollout.events"
+    partition: int
+    offset: int
+
+
+@dataclass
+class _OpenBatch:
+    builder: BatchBuilder
+    opened: float
+
+
+class EventProducer:
+    """Batched, idempotent producer of events (or raw bytes) to Rollstream topics."""
+
+    def __init__(self, kafka: KafkaSettings, topics: TopicSettings) -> None:
+        self._kafka = kafka
+        self._topics = topics
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=kafka.bootstrap,
+            client_id=kafka.client_id,
+            acks="all",
+            enable_idempotence=True,
+            compression_type=None if kafka.compression == "none" else kafka.compression,
+            linger_ms=kafka.linger_ms,
+            max_batch_size=kafka.max_batch_size,
+            max_request_size=kafka.max_request_size,
+            request_timeout_ms=kafka.request_timeout_ms,
+        )
+        self._partitioner = DefaultPartitioner()
+        self._partitions: dict[str, list[int]] = {}
+        self._sticky: dict[str, int] = {}
+        self._key_partitions: dict[str, dict[bytes, int]] = {}
+        self._open: dict[tuple[str, int], _OpenBatch] = {}
+        self._inflight: set[asyncio.Future[Any]] = set()
+        self._error: BaseException | None = None
+        self._linger_task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> EventProducer:
+        await self._producer.start()
+        self._linger_task = asyncio.create_task(self._linger_loop(), name="event-producer-linger")
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if exc is None:
+                await self.flush()
+        finally:
+            if self._linger_task is not None:
+                self._linger_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._linger_task
+            await self._producer.stop()
+
+    async def send(self, short_topic: str, event: Event) -> None:
+        """Enqueue `event` (key: `event.key`); returns without waiting for the broker."""
+        await self.send_raw(short_topic, encode_event(event), event.key)
+
+    async def send_and_wait(self, short_topic: str, event: Event) -> None:
+        """Send `event` and return once the broker has acked it."""
+        tp = await self._append(short_topic, encode_event(event), event.key)
+        future = await self._submit(tp)
+        if future is not None:
+            await future
+        self._raise_error()
+
+    async def send_raw(self, short_topic: str, value: bytes, key: bytes | None = None) -> None:
+        """Enqueue raw bytes (tests use it to write malformed records)."""
+        await self._append(short_topic, value, key)
+
+    async def flush(self) -> None:
+        """Wait until every record sent so far is acked; raise the first delivery error."""
+        for tp in list(self._open):
+            await self._submit(tp)
+        if self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+        self._raise_error()
+
+    async def _append(self, short_topic: str, value: bytes, key: bytes | None) -> tuple[str, int]:
+        self._raise_error()
+        if len(value) > self._kafka.max_request_size:
+            raise MessageSizeTooLargeError(
+                f"a {len(value)}-byte record for {short_topic} exceeds kafka.max_request_size "
+                f"({self._kafka.max_request_size}); raise it (and topics.max_message_bytes)"
+            )
+        topic = topic_name(self._topics, short_topic)
+        tp = (topic, await self._partition(topic, key))
+        batch = self._open.get(tp)
+        if batch is None:
+            batch = self._open[tp] = _OpenBatch(self._producer.create_batch(), time.monotonic())
+        if batch.builder.append(timestamp=None, key=key, value=value) is None:
+            await self._submit(tp)  # full: ship it and start another
+            batch = self._open[tp] = _OpenBatch(self._producer.create_batch(), time.monotonic())
+            if batch.builder.append(timestamp=None, key=key, value=value) is None:
+                raise BusError(f"record of {len(value)} bytes does not fit an empty batch of {topic}")
+        if batch.builder.record_count() >= self._kafka.producer_batch_records:
+            await self._submit(tp)
+        return tp
+
+    async def _partition(self, topic: str, key: bytes | None) -> int:
+        partitions = self._partitions.get(topic)
+        if partitions is None:
+            found = await self._producer.partitions_for(topic)
+            if not found:
+                raise BusError(f"topic {topic} has no partitions; create it with `rollstream topics create`")
+            partitions = self._partitions[topic] = sorted(found)
+        if key is None:
+            return self._sticky.setdefault(topic, partitions[0])
+        cache = self._key_partitions.setdefault(topic, {})
+        partition = cache.get(key)
+        if partition is None:  # murmur2 is pure Python in aiokafka; a group's key repeats for all its events
+            if len(cache) >= KEY_CACHE_SIZE:
+                cache.clear()
+            partition = cache[key] = int(self._partitioner(key, partitions, partitions))
+        return partition
+
+    async def _submit(self, tp: tuple[str, int]) -> asyncio.Future[Any] | None:
+        batch = self._open.pop(tp, None)
+        if batch is None or batch.builder.record_count() == 0:
+            return None
+        topic, partition = tp
+        if self._sticky.get(topic) == partition:  # keyless records move on to the next partition
+            partitions = self._partitions[topic]
+            self._sticky[topic] = partitions[(partitions.index(partition) + 1) % len(partitions)]
+        future = await self._producer.send_batch(batch.builder, topic, partition=partition)
+        self._inflight.add(future)
+        future.add_done_callback(self._delivered)
+        return future
+
+    def _delivered(self, future: asyncio.Future[Any]) -> None:
+        self._inflight.discard(future)
+        if not future.cancelled() and future.exception() is not None and self._error is None:
+            self._error = future.exception()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise BusError(f"delivery to Kafka failed: {error!r}") from error
+
+    async def _linger_loop(self) -> None:
+        linger_s = max(self._kafka.linger_ms, 1) / 1000
+        while True:
+            await asyncio.sleep(linger_s)
+            now = time.monotonic()
+            for tp, batch in list(self._open.items()):
+                if now - batch.opened >= linger_s and self._open.get(tp) is batch:
+                    try:
+                        await self._submit(tp)
+                    except Exception as error:  # surfaced by the next send or flush
+                        self._error = self._error or error
+
+
+class EventConsumer:
+    """Reads events from short-named topics; bad records go to `deadletter`."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        topics: TopicSettings,
+        shorts: Sequence[str],
+        *,
+        group_id: str | None,
+        name: str,
+        from_beginning: bool = True,
+    ) -> None:
+        self._kafka = kafka
+        self._topics = topics
+        self._names = [topic_name(topics, short) for short in shorts]
+        self._short = {topic_name(topics, short): short for short in shorts}
+        self._group_id = group_id
+        self.name = name
+        self.consumer = _raw_consumer(kafka, self._names, group_id, name, from_beginning)
+        self._positions: dict[TopicPartition, int] = {}
+        self._deadletters: EventProducer | None = None
+        self.dead_lettered = 0
+
+    async def __aenter__(self) -> EventConsumer:
+        await self.consumer.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            if self._deadletters is not None:
+                await self._deadletters.__aexit__(exc_type, exc, tb)
+        finally:
+            await self.consumer.stop()
+
+    async def batch(self, timeout_ms: int = 500, max_records: int = 5000) -> list[Consumed]:
+        """The next records (up to `max_records`, waiting up to `timeout_ms`), decoded."""
+        fetched = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        out: list[Consumed] = []
+        for tp, records in fetched.items():
+            short = self._short[tp.topic]
+            for record in records:
+                try:
+                    event = decode_event_fast(record.value)
+                except DecodeError as error:
+                    await self._dead_letter(record, error.reason)
+                else:
+                    out.append(Consumed(event, short, record.partition, record.offset))
+            if records:
+                self._positions[tp] = records[-1].offset + 1
+        return out
+
+    async def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> None:
+        """Commit (short topic, partition) -> next offset; None = everything consumed so far."""
+        if self._group_id is None:
+            raise BusError(f"consumer {self.name!r} has no group_id, so it cannot commit offsets")
+        if self._deadletters is not None:
+            await self._deadletters.flush()
+        if offsets is None:
+            to_commit = dict(self._positions)
+        else:
+            to_commit = {
+                TopicPartition(topic_name(self._topics, short), partition): offset
+                for (short, partition), offset in offsets.items()
+            }
+        if to_commit:
+            await self.consumer.commit(to_commit)
+
+    async def _dead_letter(self, record: ConsumerRecord[bytes, bytes], reason: str) -> None:
+        if self._deadletters is None:
+            self._deadletters = await EventProducer(self._kafka, self._topics).__aenter__()
+        event = dead_letter_event(record, reason, self.name)
+        await self._deadletters.send("deadletter", event)
+        self.dead_lettered += 1
+        logger.warning(
+            "dead-lettered %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason
+        )
+
+
+def dead_letter_event(record: ConsumerRecord[bytes, bytes], reason: str, consumer: str) -> Event:
+    """The `deadletter.record` event for a record that could not be read."""
+    value = record.value or b""
+    data = DeadLetterRecord(
+        reason=reason,
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        key_b64=base64.b64encode(record.key).decode() if record.key is not None else None,
+        value_b64=base64.b64encode(value).decode(),
+        consumer=consumer,
+    )
+    return make_event(
+        data,
+        run_id=_run_id_of(value),
+        seq=record.offset,
+        time_ns=time.time_ns(),
+        source=consumer,
+        id_key=f"deadletter:{record.topic}:{record.partition}",
+    )
+
+
+def _run_id_of(value: bytes) -> str:
+    """The run id of a bad record when it still has one, else ''."""
+    try:
+        raw = json.loads(value)
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    run_id = raw.get("run_id") if isinstance(raw, dict) else None
+    return run_id if isinstance(run_id, str) else ""
+
+
+def _raw_consumer(
+    kafka: KafkaSettings, names: Sequence[str], group_id: str | None, name: str, from_beginning: bool
+) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
+        *names,
+        bootstrap_servers=kafka.bootstrap,
+        client_id=f"{kafka.client_id}-{name}",
+        group_id=group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest" if from_beginning else "latest",
+        fetch_max_bytes=kafka.fetch_max_bytes,
+        max_partition_fetch_bytes=kafka.max_partition_fetch_bytes,
+        request_timeout_ms=kafka.request_timeout_ms,
+    )
+
+
+async def read_topic(
+    kafka: KafkaSettings, topics: TopicSettings, short: str, *, idle_s: float = 1.0
+) -> list[Consumed]:
+    """Every decodable record of `short` from offset 0 to its end as of the call.
+
+    Stops when every partition reached that end, or when nothing arrived for `idle_s`.
+    Undecodable records are skipped (the live consumers dead-letter them)."""
+    name = topic_name(topics, short)
+    consumer = _raw_consumer(kafka, [], None, f"read-{short}", True)
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(name) or await _partitions(consumer, name)
+        tps = [TopicPartition(name, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        out: list[Consumed] = []
+        last_progress = time.monotonic()
+        while any(await _behind(consumer, tp, ends[tp]) for tp in tps):
+            fetched = await consumer.getmany(*tps, timeout_ms=int(idle_s * 1000), max_records=10_000)
+            if any(fetched.values()):
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress >= idle_s:
+                break
+            for records in fetched.values():
+                out.extend(_decoded(records, short))
+        return out
+    finally:
+        await consumer.stop()
+
+
+def _decoded(records: list[ConsumerRecord[bytes, bytes]], short: str) -> list[Consumed]:
+    out = []
+    for record in records:
+        try:
+            out.append(Consumed(decode_event_fast(record.value), short, record.partition, record.offset))
+        except DecodeError:
+            continue
+    return out
+
+
+async def _behind(consumer: AIOKafkaConsumer, tp: TopicPartition, end: int) -> bool:
+    return await consumer.position(tp) < end
+
+
+async def _partitions(consumer: AIOKafkaConsumer, name: str) -> set[int]:
+    await consumer._client.force_metadata_update()  # a fresh consumer may not know the topic yet
+    found = consumer.partitions_for_topic(name)
+    if not found:
+        raise BusError(f"topic {name} does not exist; create it with `rollstream topics create`")
+    return found
