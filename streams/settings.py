@@ -51,6 +51,7 @@ class StoreSettings(Frozen):
     sink_batch_size: int = 2000
     sink_group: str = "rollstream-sink"
     sink_topics: tuple[str, ...] = ("rollout.events", "weights.history", "trainer.steps", "groups")
+    sink_poll_ms: int = Field(default=500, description="longest wait for records before an idle check")
 
 
 class PolicySettings(Frozen):

@@ -89,12 +89,19 @@ def head_revision() -> str | None:
 
 def alembic_config() -> AlembicConfig:
     """Alembic config whose script location is the installed `migrations` package."""
-    spec = importlib.util.find_spec("migrations")
-    if spec is None or spec.origin is None:
-        raise StoreError("the `migrations` package is not installed; reinstall rollstream")
     config = AlembicConfig()
-    config.set_main_option("script_location", str(Path(spec.origin).parent))
+    config.set_main_option("script_location", str(migrations_dir()))
     return config
+
+
+def migrations_dir() -> Path:
+    """The directory of the `migrations` package (a regular or, in editable installs, namespace package)."""
+    spec = importlib.util.find_spec("migrations")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        if (Path(location) / "env.py").is_file():
+            return Path(location)
+    raise StoreError("the `migrations` package (alembic env.py) is not installed; reinstall rollstream")
 
 
 def _parse(url: str) -> URL:

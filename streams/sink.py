@@ -1,0 +1,218 @@
+"""The SQL sink: Kafka's source-of-truth topics into the event store, exactly once.
+
+Exactly once into SQL, whenever the process is killed (SIGKILL included):
+
+- The sink's position lives in the database (`consumer_offsets`), never in
+  Kafka. Each batch's events, their projections and the next offset of every
+  partition the batch touched are written in ONE database transaction
+  (`streams.store.write_batch`). The offset written for a partition is exactly
+  the last offset of that partition's records in the batch + 1, whether those
+  records became rows, were duplicates, or went to the dead-letter topic.
+- The sink is a single process that assigns itself every partition of
+  `StoreSettings.sink_topics` by hand (`assign`, no consumer group): there is
+  no rebalance, so the only assignment is at start-up, and right after it, with
+  no await in between, every partition is seeked to its stored offset (0 when
+  none). No fetch can run from another position (Kafka's committed offsets are
+  never read or written). A consumer group with a rebalance listener would add
+  a moment after each rebalance where positions come from Kafka; one sink per
+  database needs no group. Partitions added to a topic later are picked up
+  on the sink's next start.
+- Undecodable records go to `deadletter` (acknowledged) before the transaction
+  that moves past them commits; after a crash they may be dead-lettered again,
+  with the same dead-letter event id.
+
+Database work runs in a worker thread so the consumer keeps prefetching while a
+batch commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from sqlalchemy import Engine
+
+from streams.bus import EventProducer, dead_letter_event
+from streams.events import DecodeError
+from streams.fast_decode import decode_event_fast
+from streams.settings import KafkaSettings, StoreSettings, TopicSettings
+from streams.store import StoredEvent, load_offsets, write_batch
+from streams.topics import list_topics, topic_name
+
+
+class SinkError(RuntimeError):
+    """The sink cannot run (missing topics, unusable database); the message says what to do."""
+
+
+@dataclass(frozen=True)
+class RejectedRecord:
+    """A record that is not a valid event, with the reason for the dead-letter topic."""
+
+    record: ConsumerRecord
+    reason: str
+
+
+@dataclass(frozen=True)
+class SinkBatch:
+    """What one poll returned: valid events, rejected records, next offset per (topic, partition)."""
+
+    events: list[StoredEvent]
+    rejected: list[RejectedRecord]
+    offsets: dict[tuple[str, int], int]
+
+
+@dataclass
+class SinkProgress:
+    """Running totals, handed to the progress callback after every batch."""
+
+    records: int = 0
+    stored: int = 0
+    duplicates: int = 0
+    deadlettered: int = 0
+    batches: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    @property
+    def rate(self) -> float:
+        """Records per second since start."""
+        return self.records / max(self.elapsed_s, 1e-9)
+
+
+def split_batch(polled: Mapping[TopicPartition, list[ConsumerRecord]]) -> SinkBatch:
+    """Decode every record; the offsets cover every record, valid or not (pure)."""
+    events: list[StoredEvent] = []
+    rejected: list[RejectedRecord] = []
+    offsets: dict[tuple[str, int], int] = {}
+    for tp, records in polled.items():
+        if not records:
+            continue
+        for record in records:
+            try:
+                event = decode_event_fast(record.value or b"")
+            except DecodeError as error:
+                rejected.append(RejectedRecord(record, error.reason))
+                continue
+            events.append(StoredEvent(event, tp.topic, tp.partition, record.offset))
+        offsets[(tp.topic, tp.partition)] = max(record.offset for record in records) + 1
+    return SinkBatch(events, rejected, offsets)
+
+
+async def sink_partitions(
+    kafka: KafkaSettings, topics: TopicSettings, store: StoreSettings
+) -> list[TopicPartition]:
+    """Every partition of the sink topics as the broker describes them now."""
+    names = [topic_name(topics, short) for short in store.sink_topics]
+    described = await list_topics(kafka, topics)
+    missing = [name for name in names if name not in described]
+    if missing:
+        raise SinkError(f"topics {missing} do not exist on {kafka.bootstrap}; run `rollstream topics create`")
+    return [
+        TopicPartition(name, index) for name in names for index in range(int(described[name]["partitions"]))
+    ]
+
+
+class Sink:
+    """Consumes `store.sink_topics` into `engine`; `run()` until stopped or idle."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        topics: TopicSettings,
+        store: StoreSettings,
+        engine: Engine,
+        progress: Callable[[SinkProgress], None] | None = None,
+    ) -> None:
+        self.kafka, self.topics, self.store, self.engine = kafka, topics, store, engine
+        self.name = store.sink_group  # the key of this sink's rows in `consumer_offsets`
+        self.progress = progress or (lambda _p: None)
+        self.totals = SinkProgress()
+        self.stopping = asyncio.Event()
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=kafka.bootstrap,
+            client_id=f"{kafka.client_id}-sink",
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",  # only when a stored offset fell out of retention
+            max_partition_fetch_bytes=kafka.max_partition_fetch_bytes,
+            fetch_max_bytes=kafka.fetch_max_bytes,
+            request_timeout_ms=kafka.request_timeout_ms,
+        )
+
+    def stop(self) -> None:
+        """Finish the batch in hand, then return from `run`."""
+        self.stopping.set()
+
+    async def run(self, until_idle_s: float | None = None) -> SinkProgress:
+        """Sink until `stop()`, or until caught up with nothing new for `until_idle_s` seconds."""
+        await self.consumer.start()
+        try:
+            partitions = await self._assign_from_store()
+            async with EventProducer(self.kafka, self.topics) as producer:
+                await self._loop(producer, partitions, until_idle_s)
+        finally:
+            await self.consumer.stop()
+        return self.totals
+
+    async def _assign_from_store(self) -> list[TopicPartition]:
+        partitions = await sink_partitions(self.kafka, self.topics, self.store)
+        stored = await asyncio.to_thread(self._load_offsets)
+        self.consumer.assign(partitions)
+        for tp in partitions:  # no await between assign and seek: nothing is fetched before this
+            self.consumer.seek(tp, stored.get((tp.topic, tp.partition), 0))
+        return partitions
+
+    def _load_offsets(self) -> dict[tuple[str, int], int]:
+        with self.engine.connect() as conn:
+            return load_offsets(conn, self.name)
+
+    async def _loop(
+        self, producer: EventProducer, partitions: list[TopicPartition], until_idle_s: float | None
+    ) -> None:
+        idle_since = time.monotonic()
+        while not self.stopping.is_set():
+            polled = await self.consumer.getmany(
+                timeout_ms=self.store.sink_poll_ms, max_records=self.store.sink_batch_size
+            )
+            batch = split_batch(polled)
+            if batch.offsets:
+                await self._apply(producer, batch)
+                idle_since = time.monotonic()
+            elif until_idle_s is not None and time.monotonic() - idle_since >= until_idle_s:
+                if await self._caught_up(partitions):
+                    return
+                idle_since = time.monotonic()
+
+    async def _apply(self, producer: EventProducer, batch: SinkBatch) -> None:
+        if batch.rejected:  # acknowledged before the offsets move past them
+            for rejected in batch.rejected:
+                await producer.send(
+                    "deadletter", dead_letter_event(rejected.record, rejected.reason, self.name)
+                )
+            await producer.flush()
+        new = await asyncio.to_thread(self._commit, batch)
+        totals = self.totals
+        totals.records += len(batch.events) + len(batch.rejected)
+        totals.stored += new
+        totals.duplicates += len(batch.events) - new
+        totals.deadlettered += len(batch.rejected)
+        totals.batches += 1
+        self.progress(totals)
+
+    def _commit(self, batch: SinkBatch) -> int:
+        with self.engine.begin() as conn:
+            return write_batch(conn, batch.events, batch.offsets, self.name)
+
+    async def _caught_up(self, partitions: list[TopicPartition]) -> bool:
+        """Every partition's position has reached its end offset (nothing left to read)."""
+        ends = await self.consumer.end_offsets(partitions)
+        for tp in partitions:
+            if await self.consumer.position(tp) < ends[tp]:
+                return False
+        return True
