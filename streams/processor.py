@@ -34,6 +34,7 @@ from streams.events import Event, event_id, make_event
 from streams.groups import Drop, Group, attempts_waiting, form_group
 from streams.payloads import (
     GroupFormed,
+    Limits,
     RolloutAbort,
     TrajectoryAssembled,
     TrajectoryStarted,
@@ -222,7 +223,7 @@ class StreamProcessor:
             return []  # nothing ever finished: no group to write
         finished_ns = max(t.finished_ns for t in members)
         result = form_group(members, self.policy, self.latest_version(state.run_id, finished_ns))
-        return self._emit(self.group_event(result))
+        return self._emit(self.group_event(result, members[0].limits))
 
     def _emit(self, emit: Emit) -> list[Output]:
         if emit.event.id in self.emitted:
@@ -269,7 +270,8 @@ class StreamProcessor:
         )
         return Emit("trajectories", event)
 
-    def group_event(self, result: Group | Drop) -> Emit:
+    def group_event(self, result: Group | Drop, limits: Limits) -> Emit:
+        """The `groups` record; its policy is the group policy with the episodes' length limits in force."""
         kept = isinstance(result, Group)
         data = GroupFormed(
             members=[t.trajectory_id for t in result.members],
@@ -279,7 +281,7 @@ class StreamProcessor:
             dropped=None if kept else result.reason,
             infra_errors=result.infra_errors,
             oldest_version=max(result.oldest_version, 0),
-            policy=result.policy.model_dump(),
+            policy={**result.policy.model_dump(), **limits.model_dump()},
         )
         event = make_event(
             data,

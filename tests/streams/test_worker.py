@@ -16,8 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rollstream.config import Config
+from streams import bus
 from streams.app import StreamWorker
-from streams.bus import EventProducer, read_topic
+from streams.bus import EventProducer
 from streams.events import Event
 from streams.outcomes import Outcome
 from streams.payloads import RolloutAbort
@@ -25,7 +26,12 @@ from streams.processor import Emit, StreamProcessor
 from streams.settings import PolicySettings
 from streams.synthetic import AttemptSpec, group_events, synthetic_run, trajectory_events
 
-ROLLSTREAM = str(Path(sys.executable).parent / "rollstream")
+# `rollstream worker` alone, so the test does not depend on every other command importing
+WORKER = [
+    sys.executable,
+    "-c",
+    "import typer; from rollstream.commands.worker import command; typer.run(command)",
+]
 
 
 async def _produce(config: Config, events: list[Event], raw: list[bytes] = ()) -> None:  # type: ignore[assignment]
@@ -38,7 +44,7 @@ async def _produce(config: Config, events: list[Event], raw: list[bytes] = ()) -
 
 
 async def _ids(config: Config, short: str) -> list:
-    return [c.event.id for c in await read_topic(config.kafka, config.topics, short, idle_s=0.5)]
+    return [c.event.id for c in await bus.read_topic(config.kafka, config.topics, short, idle_s=0.5)]
 
 
 def _poll(check: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -50,8 +56,7 @@ def _poll(check: Callable[[], bool], timeout_s: float, what: str) -> None:
 
 def _start_worker(config: Config, log: Path, name: str) -> subprocess.Popen[bytes]:
     args = [
-        ROLLSTREAM,
-        "worker",
+        *WORKER,
         "--name",
         name,
         "-s",
@@ -94,12 +99,12 @@ def test_sigkill_and_restart_give_every_group_exactly_once(
     finally:
         restarted.send_signal(signal.SIGTERM)
         assert restarted.wait(60) == 0, log.read_text()[-3000:]
-    groups = asyncio.run(read_topic(config.kafka, config.topics, "groups", idle_s=0.5))
+    groups = asyncio.run(bus.read_topic(config.kafka, config.topics, "groups", idle_s=0.5))
     assert sorted(str(c.event.id) for c in groups) == sorted(str(i) for i in expected)
     assert {c.event.id: c.event.data for c in groups} == expected
     trajectories = asyncio.run(_ids(config, "trajectories"))
     assert len(set(trajectories)) == len({e.trajectory_id for e in events})
-    dead = asyncio.run(read_topic(config.kafka, config.topics, "deadletter", idle_s=0.5))
+    dead = asyncio.run(bus.read_topic(config.kafka, config.topics, "deadletter", idle_s=0.5))
     assert any("not JSON" in c.event.data.reason for c in dead)  # type: ignore[attr-defined]
 
 
@@ -134,10 +139,10 @@ async def test_deadline_writes_aborts_then_forms_without_the_straggler(
     finally:
         stop.set()
         await task
-    [abort] = await read_topic(config.kafka, config.topics, "rollout.control", idle_s=0.5)
+    [abort] = await bus.read_topic(config.kafka, config.topics, "rollout.control", idle_s=0.5)
     assert isinstance(abort.event.data, RolloutAbort)
     assert (
         abort.event.data.trajectory_ids == ["run-d/g0/a3r0"] and abort.event.data.reason == "group_deadline"
     )
-    [group] = await read_topic(config.kafka, config.topics, "groups", idle_s=0.5)
+    [group] = await bus.read_topic(config.kafka, config.topics, "groups", idle_s=0.5)
     assert group.event.data.members == ["run-d/g0/a0r0", "run-d/g0/a1r0", "run-d/g0/a2r0"]  # type: ignore[attr-defined]
