@@ -51,7 +51,7 @@ from agents.scaffold import (
     system_prompt,
 )
 from agents.settings import AgentSettings
-from sandboxes.base import Sandbox, SandboxError
+from sandboxes.base import Sandbox, SandboxError, VerifierError
 from streams.events import Event, make_event
 from streams.outcomes import Outcome, infra_outcome
 from streams.payloads import (
@@ -249,8 +249,8 @@ class Episode:
         t0 = time.monotonic()
         try:
             verdict = await self.services.verifier(box, self.spec.task)
-        except SandboxError as error:
-            raise _Ended(infra_outcome(error.kind), f"verifier: {error}") from None
+        except VerifierError as error:  # other sandbox errors are the sandbox's: sandbox.failed
+            raise _Ended(Outcome.INFRA_VERIFIER, f"verifier: {error}") from None
         self.counters.tests_s = time.monotonic() - t0
         await self._emit(TestsRan(
             fail_to_pass=dict(verdict.fail_to_pass), pass_to_pass=dict(verdict.pass_to_pass),

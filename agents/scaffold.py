@@ -53,7 +53,8 @@ OBSERVATION_TEMPLATE = """\
 
 TIMEOUT_NOTE = "The command timed out after {timeout:.0f} seconds and was killed."
 
-_BASH_BLOCK = re.compile(r"```bash[ \t]*\n(.*?)```", re.DOTALL)
+# the closing fence must start a line, so a ``` inside a heredoc or patch line does not end the block
+_BASH_BLOCK = re.compile(r"```bash[ \t]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
 
 
 @dataclass(frozen=True)
