@@ -1,0 +1,48 @@
+"""`rollstream topics create|list`: every Rollstream topic with its partitions and configs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import typer
+from rich.table import Table
+
+from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from streams.topics import TopicError, create_topics, list_topics
+
+app = typer.Typer(help="Rollstream topics on the configured Kafka cluster.", no_args_is_help=True)
+
+
+@app.command()
+def create(config: ConfigPath = None, overrides: Overrides = None) -> None:
+    """Create every topic that does not exist yet (existing topics are left as they are)."""
+    cfg = read_config(config, overrides)
+    try:
+        names = asyncio.run(create_topics(cfg.kafka, cfg.topics))
+    except (TopicError, OSError) as error:
+        fail(f"{error} (is Kafka up at {cfg.kafka.bootstrap}? `rollstream kafka up`)")
+        return
+    except Exception as error:  # aiokafka connection errors have no common base
+        fail(f"could not reach Kafka at {cfg.kafka.bootstrap}: {error!r}; start it: `rollstream kafka up`")
+        return
+    console.print(f"{len(names)} topics ready on {cfg.kafka.bootstrap}: {', '.join(names)}")
+
+
+@app.command(name="list")
+def list_(config: ConfigPath = None, overrides: Overrides = None) -> None:
+    """The Rollstream topics under the configured prefix, with partitions and key configs."""
+    cfg = read_config(config, overrides)
+    try:
+        topics = asyncio.run(list_topics(cfg.kafka, cfg.topics))
+    except Exception as error:
+        fail(f"could not list topics at {cfg.kafka.bootstrap}: {error!r}; is Kafka up? `rollstream kafka up`")
+        return
+    if not topics:
+        console.print(f"no Rollstream topics under prefix {cfg.topics.prefix!r}: `rollstream topics create`")
+        return
+    columns = ["partitions", "replication", "min.insync.replicas", "cleanup.policy", "retention.ms",
+               "max.message.bytes"]  # fmt: skip
+    table = Table("topic", *columns)
+    for name, info in topics.items():
+        table.add_row(name, *(info.get(column, "") for column in columns))
+    console.print(table)
