@@ -1,11 +1,12 @@
 """Request state and the decode batch of the embedded engine.
 
 `RunningRequest` is one request's mutable state inside the engine (only the engine
-thread touches it). `DecodeBatch` holds the requests that are decoding, one row each,
-in one padded KV buffer (rows × positions per layer): a decode step is one batched
-forward over all rows, rows shorter than the longest masked out. Rows stay compact
-(a finished row is replaced by the last row), so the step's cost follows the number
-of running requests, and the buffer grows by doubling and is released when empty.
+thread touches it). `DecodeBatch` holds decoding requests, one row each, in one padded
+KV buffer (rows × capacity positions per layer): a decode step is one batched forward
+over its rows, rows shorter than the longest masked out. Rows stay compact (a finished
+row is replaced by the last row), so a step's cost follows the number of running
+requests; the buffer grows by doubling rows and is released when empty. `Decoder`
+keeps several DecodeBatches bucketed by length so padding stays bounded.
 """
 
 from __future__ import annotations
@@ -88,11 +89,11 @@ class RunningRequest:
 
 
 class DecodeBatch:
-    """Decoding requests, one row each of a shared padded KV buffer."""
+    """Decoding requests, one row each of a padded KV buffer of fixed `capacity` positions."""
 
-    def __init__(self, config: ModelConfig, max_positions: int, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, config: ModelConfig, capacity: int, dtype: torch.dtype = torch.float32) -> None:
         self.config = config
-        self.max_positions = max_positions
+        self.capacity = capacity
         self.dtype = dtype
         self.requests: list[RunningRequest] = []
         self.lengths: list[int] = []  # tokens of each row whose keys/values are in the buffer
@@ -102,20 +103,24 @@ class DecodeBatch:
     def __len__(self) -> int:
         return len(self.requests)
 
-    def add(self, request: RunningRequest, prefill_cache: KVCache, length: int) -> None:
-        """Move a prefilled request in: its keys/values are copied into a new last row."""
+    def add(self, request: RunningRequest, source: KVCache, length: int) -> None:
+        """Move a request in: its first `length` keys/values (row 0 of `source`) go to a new last row."""
         row = len(self.requests)
-        self._ensure(rows=row + 1, positions=length + 1)
+        self._ensure_rows(row + 1)
         assert self.cache is not None
         for layer in range(self.config.num_layers):
-            self.cache.keys[layer][row, :, :length] = prefill_cache.keys[layer][0, :, :length]
-            self.cache.values[layer][row, :, :length] = prefill_cache.values[layer][0, :, :length]
+            self.cache.keys[layer][row, :, :length] = source.keys[layer][0, :, :length]
+            self.cache.values[layer][row, :, :length] = source.values[layer][0, :, :length]
         self.requests.append(request)
         self.lengths.append(length)
         self._sampling = None
 
+    def row_cache(self, row: int) -> KVCache:
+        assert self.cache is not None
+        return self.cache.row(row)
+
     def remove(self, rows: list[int]) -> None:
-        """Drop rows (finished or aborted); the last row moves into each hole."""
+        """Drop rows (finished, aborted or moved); the last row moves into each hole."""
         assert self.cache is not None
         for row in sorted(rows, reverse=True):
             last = len(self.requests) - 1
@@ -133,8 +138,7 @@ class DecodeBatch:
 
     def prepare_step(self) -> tuple[torch.Tensor, torch.Tensor, KVCache, BatchSampling]:
         """Inputs of one decode step: last tokens (B, 1), their positions (B,), the cache view, sampling."""
-        self._ensure(rows=len(self.requests), positions=max(self.lengths) + 1)
-        assert self.cache is not None
+        assert self.cache is not None and max(self.lengths) < self.capacity
         rows = len(self.requests)
         view = KVCache([k[:rows] for k in self.cache.keys], [v[:rows] for v in self.cache.values])
         tokens = torch.tensor([[r.output_ids[-1]] for r in self.requests], dtype=torch.long)
@@ -160,22 +164,71 @@ class DecodeBatch:
                 self._sampling.step + 1,
             )
 
-    def _ensure(self, rows: int, positions: int) -> None:
-        """Grow the buffer (doubling, positions capped at max_positions) to hold rows × positions."""
-        if positions > self.max_positions:
-            raise ValueError(f"a row needs {positions} positions, over the engine's {self.max_positions}")
-        have_rows = self.cache.rows if self.cache is not None else 0
-        have_positions = self.cache.capacity if self.cache is not None else 0
-        if rows <= have_rows and positions <= have_positions:
+    def _ensure_rows(self, rows: int) -> None:
+        have = self.cache.rows if self.cache is not None else 0
+        if rows <= have:
             return
-        new_rows = max(rows, 2 * have_rows) if rows > have_rows else have_rows
-        new_positions = max(have_positions, 16)
-        while new_positions < positions:
-            new_positions *= 2
-        new_positions = min(new_positions, self.max_positions)
-        grown = KVCache.empty(self.config, new_rows, new_positions, self.dtype)
+        grown = KVCache.empty(self.config, max(rows, 2 * have), self.capacity, self.dtype)
         if self.cache is not None:
             for layer in range(self.config.num_layers):
-                grown.keys[layer][:have_rows, :, :have_positions] = self.cache.keys[layer]
-                grown.values[layer][:have_rows, :, :have_positions] = self.cache.values[layer]
+                grown.keys[layer][:have] = self.cache.keys[layer]
+                grown.values[layer][:have] = self.cache.values[layer]
         self.cache = grown
+
+
+class Decoder:
+    """All decoding requests, in buckets by length: each bucket is a DecodeBatch whose capacity is
+    a power of two (at least `min_capacity`, at most the context cap). A row that outgrows its
+    bucket moves to the next one. Padding therefore wastes at most half of each bucket, so the
+    buffers stay within about twice the tokens actually cached: one long request costs its own
+    length, not its length times the number of running requests."""
+
+    def __init__(self, config: ModelConfig, context_length: int, min_capacity: int = 64) -> None:
+        self.config = config
+        self.context_length = context_length
+        self.min_capacity = min_capacity
+        self.buckets: dict[int, DecodeBatch] = {}
+
+    def __len__(self) -> int:
+        return sum(len(bucket) for bucket in self.buckets.values())
+
+    def requests(self) -> list[RunningRequest]:
+        return [request for bucket in self.buckets.values() for request in bucket.requests]
+
+    def cached_positions(self) -> int:
+        """Positions allocated across buckets (rows × capacity): the physical KV footprint."""
+        return sum(b.cache.rows * b.capacity for b in self.buckets.values() if b.cache is not None)
+
+    def capacity_for(self, positions: int) -> int:
+        capacity = max(self.min_capacity, 1 << max(positions - 1, 0).bit_length())
+        return min(capacity, self.context_length)
+
+    def add(self, request: RunningRequest, source: KVCache, length: int) -> None:
+        capacity = self.capacity_for(length + 1)
+        bucket = self.buckets.get(capacity)
+        if bucket is None:
+            bucket = self.buckets[capacity] = DecodeBatch(self.config, capacity)
+        bucket.add(request, source, length)
+
+    def remove_where(self, rids: set[str]) -> list[RunningRequest]:
+        removed: list[RunningRequest] = []
+        for bucket in self.buckets.values():
+            rows = [i for i, r in enumerate(bucket.requests) if r.rid in rids]
+            removed += [bucket.requests[i] for i in rows]
+            if rows:
+                bucket.remove(rows)
+        self._drop_empty()
+        return removed
+
+    def rebucket(self) -> None:
+        """Move rows whose next token would not fit their bucket into a larger one."""
+        for bucket in list(self.buckets.values()):
+            full = [i for i, length in enumerate(bucket.lengths) if length + 1 > bucket.capacity]
+            for row in full:
+                self.add(bucket.requests[row], bucket.row_cache(row), bucket.lengths[row])
+            if full:
+                bucket.remove(full)
+        self._drop_empty()
+
+    def _drop_empty(self) -> None:
+        self.buckets = {capacity: b for capacity, b in self.buckets.items() if len(b)}

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from agents.engine.batch import DecodeBatch, EngineResult, RunningRequest
+from agents.engine.batch import DecodeBatch, Decoder, EngineResult, RunningRequest
 from agents.engine.protocol import FinishReason, SamplingParams
 from agents.engine.sampling import BatchSampling, sample
 from agents.settings import EngineSettings
@@ -59,6 +59,7 @@ class EngineStats:
     queued: int
     reserved_kv_tokens: int
     kv_cache_tokens: int
+    cached_kv_positions: int  # allocated in decode buffers (rows × bucket capacity)
     weight_version: int
     paused: bool
     decode_steps: int
@@ -74,7 +75,7 @@ class Engine:
         self._lock = threading.Condition()
         self._queue: deque[RunningRequest] = deque()
         self._prefilling: list[RunningRequest] = []
-        self._batch = DecodeBatch(self.model.config, settings.context_length)
+        self._decoding = Decoder(self.model.config, settings.context_length)
         self._by_rid: dict[str, RunningRequest] = {}
         self._aborts: set[str] = set()
         self._pending_model: tuple[PolicyModel, int, concurrent.futures.Future[int]] | None = None
@@ -190,11 +191,12 @@ class Engine:
     def stats(self) -> EngineStats:
         with self._lock:
             return EngineStats(
-                running=len(self._batch),
+                running=len(self._decoding),
                 prefilling=len(self._prefilling),
                 queued=len(self._queue),
                 reserved_kv_tokens=self._reserved(),
                 kv_cache_tokens=self.settings.kv_cache_tokens,
+                cached_kv_positions=self._decoding.cached_positions(),
                 weight_version=self.weight_version,
                 paused=self._paused,
                 decode_steps=self._decode_steps,
@@ -221,7 +223,7 @@ class Engine:
         return bool(self._aborts) or self._pending_model is not None
 
     def _can_step(self) -> bool:
-        return not self._paused and bool(self._queue or self._prefilling or len(self._batch))
+        return not self._paused and bool(self._queue or self._prefilling or len(self._decoding))
 
     def _apply_control(self) -> None:
         if self._pending_model is not None:
@@ -233,10 +235,7 @@ class Engine:
 
     def _apply_aborts(self) -> None:
         now = time.monotonic()
-        rows = [i for i, r in enumerate(self._batch.requests) if r.rid in self._aborts]
-        aborted = [self._batch.requests[i] for i in rows]
-        if rows:
-            self._batch.remove(rows)
+        aborted = self._decoding.remove_where(self._aborts)
         aborted += [r for r in self._prefilling if r.rid in self._aborts]
         aborted += [r for r in self._queue if r.rid in self._aborts]
         self._prefilling = [r for r in self._prefilling if r.rid not in self._aborts]
@@ -246,14 +245,14 @@ class Engine:
             self._finish(request, "abort", now)
 
     def _reserved(self) -> int:
-        return sum(r.reserved_tokens for r in self._batch.requests) + sum(
+        return sum(r.reserved_tokens for r in self._decoding.requests()) + sum(
             r.reserved_tokens for r in self._prefilling
         )
 
     def _admit(self) -> None:
         reserved = self._reserved()
         while self._queue:
-            running = len(self._batch) + len(self._prefilling)
+            running = len(self._decoding) + len(self._prefilling)
             request = self._queue[0]
             fits = reserved + request.reserved_tokens <= self.settings.kv_cache_tokens
             if running >= self.settings.max_running_requests or (running and not fits):
@@ -275,8 +274,11 @@ class Engine:
         model, version = self.model, self.weight_version
         finished: list[tuple[RunningRequest, FinishReason]] = []
         finished += self._prefill(model, version)
-        if len(self._batch):
-            finished += self._decode(model, version)
+        if len(self._decoding):
+            self._decoding.rebucket()
+            for bucket in list(self._decoding.buckets.values()):
+                finished += self._decode(bucket, model, version)
+            self._decoding.remove_where({request.rid for request, _ in finished})
         if finished:
             now = time.monotonic()
             with self._lock:
@@ -356,25 +358,24 @@ class Engine:
             if reason is not None:
                 finished.append((request, reason))
             else:
-                self._batch.add(request, cache, len(request.input_ids))
+                self._decoding.add(request, cache, len(request.input_ids))
             request.prefill_cache = None
         return finished
 
-    def _decode(self, model: PolicyModel, version: int) -> list[tuple[RunningRequest, FinishReason]]:
-        tokens, start, cache, sampling = self._batch.prepare_step()
+    def _decode(
+        self, bucket: DecodeBatch, model: PolicyModel, version: int
+    ) -> list[tuple[RunningRequest, FinishReason]]:
+        """One decode step over one bucket; finished requests are returned, not yet removed."""
+        tokens, start, cache, sampling = bucket.prepare_step()
         logits = model.forward_cached(tokens, start, cache)[:, -1]
         next_tokens, logprobs = sample(logits, sampling)
-        self._batch.finish_step()
+        bucket.finish_step()
         self._decode_steps += 1
-        self._generated += len(self._batch)
-        finished_rows: list[int] = []
+        self._generated += len(bucket)
         finished: list[tuple[RunningRequest, FinishReason]] = []
-        for row, (token, logprob) in enumerate(zip(next_tokens.tolist(), logprobs.tolist(), strict=True)):
-            request = self._batch.requests[row]
+        drawn = zip(bucket.requests, next_tokens.tolist(), logprobs.tolist(), strict=True)
+        for request, token, logprob in drawn:
             reason = request.append(token, logprob, version)
             if reason is not None:
-                finished_rows.append(row)
                 finished.append((request, reason))
-        if finished_rows:
-            self._batch.remove(finished_rows)
         return finished

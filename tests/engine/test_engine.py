@@ -30,7 +30,8 @@ def full_forward_logprobs(model_dir: Path, input_ids: list[int], output_ids: tup
 
 def test_logprobs_equal_a_full_forward_pass(make_engine: EngineFactory, model_dir: Path) -> None:
     engine = make_engine(prefill_chunk_tokens=64)  # the 150-token prompt is prefilled in 3 chunks
-    prompts = [prompt(n, n) for n in (5, 17, 150, 40)]
+    # Ragged lengths in two buckets; the 50-token prompt outgrows the 64-position bucket and moves.
+    prompts = [prompt(n, n) for n in (5, 17, 150, 50)]
     futures = [
         engine.submit(f"r{i}", p, SamplingParams(max_new_tokens=24, seed=i)) for i, p in enumerate(prompts)
     ]
@@ -191,3 +192,33 @@ def test_zero_max_new_tokens_finishes_at_once(make_engine: EngineFactory) -> Non
     engine = make_engine()
     result = engine.submit("zero", prompt(4), SamplingParams(max_new_tokens=0)).result(TIMEOUT)
     assert result.output_ids == () and result.finish_reason == "length"
+
+
+def test_length_buckets_bound_the_padding_of_one_long_request(model_dir: Path) -> None:
+    import concurrent.futures
+
+    from agents.engine.batch import Decoder, RunningRequest
+    from trainer.model import KVCache
+
+    config = load_model(model_dir).config
+    decoder = Decoder(config, context_length=4096)
+
+    def add(rid: str, length: int) -> None:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        request = RunningRequest(rid, prompt(length), SamplingParams(), 0, 10, 0.0, future)
+        request.output_ids.append(5)
+        decoder.add(request, KVCache.empty(config, 1, length, torch.float32), length)
+
+    add("long", 3000)
+    for i in range(15):
+        add(f"short{i}", 20)
+    assert sorted(decoder.buckets) == [64, 4096]
+    assert decoder.cached_positions() <= 4096 + 16 * 64  # not 16 rows x 4096
+    bucket = decoder.buckets[64]
+    bucket.lengths[0] = 64  # the next token would not fit: the row moves up
+    moved = bucket.requests[0].rid
+    decoder.rebucket()
+    assert [r.rid for r in decoder.buckets[128].requests] == [moved]
+    assert len(decoder) == 16
+    assert [r.rid for r in decoder.remove_where({"long"})] == ["long"]
+    assert sorted(decoder.buckets) == [64, 128]
