@@ -51,6 +51,8 @@ class Timings:
     ready_at: float = 0.0
     execs: list[float] = field(default_factory=list)
     stop_s: float = 0.0
+    warm: bool = False  # handed out from the pool's warm sandboxes (started ahead of the request)
+    handoff_s: float = 0.0  # warm handoff: time to attach the workspace to the started sandbox
 
 
 class SandboxError(Exception):
@@ -110,6 +112,26 @@ class Sandbox(Protocol):
     async def download(self, remote: str, local: Path) -> None: ...
 
     async def stop(self) -> None: ...
+
+
+@runtime_checkable
+class WorkspaceAttachable(Protocol):
+    """A sandbox that can be started empty and given its workspace later (warm pools)."""
+
+    async def attach_workspace(self, workspace: Path | None) -> None: ...
+
+
+class PullGate(Protocol):
+    """Awaited by a backend before each image pull; waits while the pull cap is spent."""
+
+    async def __call__(self) -> None: ...
+
+
+@runtime_checkable
+class PullGated(Protocol):
+    """A factory that pulls images and lets the pool gate its pulls (`pool.image_pulls_per_h`)."""
+
+    def set_pull_gate(self, gate: PullGate) -> None: ...
 
 
 class SandboxFactory(Protocol):

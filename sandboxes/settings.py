@@ -125,7 +125,7 @@ class TaskSettings(Frozen):
     mutant_timeout_s: float = Field(default=60.0, description="one run of a mutant's covering tests")
     max_mutants_tried: int = Field(default=400, description="candidates tested per library before giving up")
     max_per_function: int = Field(default=1, description="tasks from one function of a library")
-    max_fail_to_pass: int = Field(default=40, description="mutants failing more tests are too obvious")
+    max_fail_to_pass: int = Field(default=100, description="mutants failing more tests are too obvious")
     check_concurrency: int = Field(default=2, description="tasks verified at once by `tasks check`")
     default_libraries: tuple[str, ...] = Field(
         default=("isodate==0.7.2", "tinydb==4.8.2", "cachetools==5.5.0"),

@@ -1,0 +1,268 @@
+"""The exec server that runs inside each bubblewrap sandbox (stdlib only, `python -I -S`).
+
+It is started once per sandbox as root *inside* the sandbox's namespaces, with
+only CAP_SETUID, CAP_SETGID and CAP_KILL, and runs every command as the
+sandbox's dedicated unprivileged uid, so a command can neither signal the server
+nor escape its process limit (RLIMIT_NPROC counts that uid's processes).
+
+Protocol on stdin/stdout: frames of a 4-byte big-endian length and a `marshal`ed
+dict (the host runs the same interpreter, so `marshal` is safe and imports in
+microseconds, unlike `json`). The server first writes `{"op": "ready"}`, then
+answers each request with one reply:
+
+- `exec`: argv, cwd, env, timeout_s, output_limit, drain_s, and the rlimits
+  (as_bytes, cpu_s, nproc, fsize_bytes) → exit_code, signal, stdout, stderr,
+  output_bytes, truncated, timed_out, duration_s.
+- `put`: path, tar (bytes) → extracted there, owned by the sandbox uid.
+- `get`: path → tar (bytes) of that file or directory.
+
+Output is read incrementally; at most `output_limit` bytes are kept (a shared
+head, then a tail per stream) and the rest only counted, so a command printing
+1 GB costs a bounded amount of memory. On timeout every process of the sandbox
+uid in this PID namespace is killed (`kill(-1, SIGKILL)` from a forked helper
+that switches to that uid), which takes background and `setsid` children too.
+"""
+
+import marshal
+import os
+import resource
+import select
+import signal
+import sys
+import time
+
+READ_CHUNK = 1 << 20
+
+
+def read_frame(fd):
+    header = read_exact(fd, 4)
+    if header is None:
+        return None
+    body = read_exact(fd, int.from_bytes(header, "big"))
+    return None if body is None else marshal.loads(body)
+
+
+def read_exact(fd, size):
+    chunks = []
+    while size:
+        data = os.read(fd, size)
+        if not data:
+            return None
+        chunks.append(data)
+        size -= len(data)
+    return b"".join(chunks)
+
+
+def write_frame(fd, message):
+    body = marshal.dumps(message)
+    data = len(body).to_bytes(4, "big") + body
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+class OutputKeeper:
+    """Keeps a shared head (half the limit) then a bounded tail per stream; counts all."""
+
+    def __init__(self, limit):
+        self.head_left = limit // 2
+        self.tail_cap = max(limit - self.head_left, 0) // 2
+        self.heads = {1: bytearray(), 2: bytearray()}
+        self.tails = {1: bytearray(), 2: bytearray()}
+        self.total = 0
+        self.dropped = {1: 0, 2: 0}
+
+    def feed(self, stream, data):
+        self.total += len(data)
+        if self.head_left > 0:
+            taken = data[: self.head_left]
+            self.heads[stream] += taken
+            self.head_left -= len(taken)
+            data = data[len(taken) :]
+        if not data:
+            return
+        tail = self.tails[stream]
+        tail += data
+        excess = len(tail) - self.tail_cap
+        if excess > 0:
+            del tail[:excess]
+            self.dropped[stream] += excess
+
+    def text(self, stream):
+        head, tail, dropped = bytes(self.heads[stream]), bytes(self.tails[stream]), self.dropped[stream]
+        if not dropped:
+            return head + tail
+        return head + b"\n[... %d bytes omitted ...]\n" % dropped + tail
+
+
+def set_limits(request):
+    soft_cpu = int(request["cpu_s"])
+    resource.setrlimit(resource.RLIMIT_CPU, (soft_cpu, soft_cpu + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (request["as_bytes"], request["as_bytes"]))
+    resource.setrlimit(resource.RLIMIT_NPROC, (request["nproc"], request["nproc"]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (request["fsize_bytes"], request["fsize_bytes"]))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def become_sandbox_user(uid, gid):
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+
+
+def spawn(request, uid, gid, out_w, err_w):
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # the child: never return into the server loop
+        os.setsid()
+        os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.closerange(3, 1024)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.chdir(request["cwd"])
+        set_limits(request)
+        become_sandbox_user(uid, gid)
+        os.execve(request["argv"][0], request["argv"], request["env"])
+    except BaseException as error:
+        os.write(2, f"rollstream sandbox: cannot run command: {error}\n".encode())
+    os._exit(127)
+
+
+def kill_sandbox_processes(uid, gid):
+    """SIGKILL every process of the sandbox uid in this PID namespace, until none is left."""
+    for _ in range(50):
+        helper = os.fork()
+        if helper == 0:
+            try:
+                become_sandbox_user(uid, gid)
+                os.kill(-1, signal.SIGKILL)
+            finally:
+                os._exit(0)
+        os.waitpid(helper, 0)
+        if not processes_of(uid):
+            return
+        time.sleep(0.01)
+
+
+def processes_of(uid):
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                state = stat.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"Z", b"X"):  # zombies are dead already; their parent reaps them
+            found.append(int(name))
+    return found
+
+
+def run_command(request, uid, gid):
+    started = time.monotonic()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = spawn(request, uid, gid, out_w, err_w)
+    os.close(out_w)
+    os.close(err_w)
+    pidfd = os.pidfd_open(pid)
+    keeper = OutputKeeper(request["output_limit"])
+    poller = select.poll()
+    streams = {out_r: 1, err_r: 2}
+    for fd in (out_r, err_r, pidfd):
+        poller.register(fd, select.POLLIN)
+    deadline = started + request["timeout_s"]
+    status, timed_out, drain_until = None, False, None
+    while True:
+        now = time.monotonic()
+        if status is not None and (not streams or now >= drain_until):
+            break
+        if status is None and not timed_out and now >= deadline:
+            timed_out = True
+            kill_sandbox_processes(uid, gid)
+            deadline = now + 60.0  # the killed command's exit arrives on the pidfd
+        until = deadline if status is None else drain_until
+        for fd, _event in poller.poll(max(0.0, until - now) * 1000 + 1):
+            if fd == pidfd:
+                status = os.waitpid(pid, 0)[1]
+                poller.unregister(pidfd)
+                drain_until = time.monotonic() + request["drain_s"]
+                continue
+            data = os.read(fd, READ_CHUNK)
+            if data:
+                keeper.feed(streams[fd], data)
+            else:
+                poller.unregister(fd)
+                del streams[fd]
+    for fd in (out_r, err_r, pidfd):
+        os.close(fd)
+    return {
+        "exit_code": os.waitstatus_to_exitcode(status),
+        "stdout": keeper.text(1),
+        "stderr": keeper.text(2),
+        "output_bytes": keeper.total,
+        "truncated": any(keeper.dropped.values()),
+        "timed_out": timed_out,
+        "duration_s": time.monotonic() - started,
+    }
+
+
+def put(request, uid, gid):
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(request["tar"])) as archive:
+        archive.extractall(request["path"], filter="data")
+        for member in archive.getmembers():
+            os.lchown(os.path.join(request["path"], member.name), uid, gid)
+    return {}
+
+
+def get(request):
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        archive.add(request["path"], arcname=os.path.basename(request["path"].rstrip("/")) or ".")
+    return {"tar": buffer.getvalue()}
+
+
+def handle(request, uid, gid):
+    op = request["op"]
+    if op == "exec":
+        return run_command(request, uid, gid)
+    if op == "put":
+        return put(request, uid, gid)
+    if op == "get":
+        return get(request)
+    if op == "ping":
+        return {}
+    raise ValueError(f"unknown op {op!r}")
+
+
+def main():
+    uid, gid = int(sys.argv[1]), int(sys.argv[2])
+    stdin, stdout = os.dup(0), os.dup(1)
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    write_frame(stdout, {"op": "ready"})
+    while True:
+        request = read_frame(stdin)
+        if request is None:
+            return
+        try:
+            reply = handle(request, uid, gid)
+        except Exception as error:
+            reply = {"error": f"{type(error).__name__}: {error}"}
+        write_frame(stdout, reply)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""A pool of sandboxes with explicit, observable caps and an optional warm pool.
+
+`async with pool.sandbox(workspace) as box` yields a started sandbox and always
+stops it. Caps (all in `PoolSettings`): `max_running` sandboxes alive at once
+(warm ones included), `max_starting` starts in flight, `starts_per_s`, and
+`image_pulls_per_h` (for backends that pull images: the pool hands them
+`image_pull` as their gate). Every wait on a cap is recorded (`cap_waits()`,
+`cap_wait_stats()`), and `stats()` counts running, starting, warm, started and
+failed sandboxes, so a report can say which cap binds.
+
+Warm pool: with `warm_pool = N` the pool keeps N sandboxes started ahead, with
+empty workspaces. A request takes one when the backend can attach a workspace
+to a started sandbox (`WorkspaceAttachable`) or needs none, and the pool starts
+a replacement in the background; otherwise it starts one cold.
+
+Failure: a start that raises becomes `SandboxStartError` (a `SandboxError` from
+the backend is kept as is); a start that takes longer than `start_timeout_s`
+becomes `SandboxTimeoutError`. Both are infrastructure errors, never a result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandboxes.base import (
+    PullGated,
+    Sandbox,
+    SandboxError,
+    SandboxFactory,
+    SandboxStartError,
+    SandboxTimeoutError,
+    WorkspaceAttachable,
+)
+from sandboxes.caps import CapWait, CapWaits, HourlyWindow, StartRateGate
+from sandboxes.settings import SandboxSettings
+
+log = logging.getLogger(__name__)
+WARM_RETRY_S = 1.0  # after a failed warm start, so a broken backend does not spin
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    running: int  # alive: starting, warm or handed out
+    starting: int
+    warm: int
+    started: int  # starts that succeeded, ever
+    failed: int  # starts that failed or timed out, ever
+    warm_handoffs: int
+    cold_starts: int
+
+
+class SandboxPool:
+    def __init__(self, settings: SandboxSettings, factory: SandboxFactory) -> None:
+        self.settings = settings
+        self.factory = factory
+        self._caps = settings.pool
+        self._waits = CapWaits()
+        self._slots = asyncio.Condition()
+        self._running = 0
+        self._starting = 0
+        self._start_gate = asyncio.Semaphore(self._caps.max_starting)
+        self._rate = StartRateGate(self._caps.starts_per_s)
+        self._pulls = HourlyWindow(self._caps.image_pulls_per_h)
+        self._warm: deque[Sandbox] = deque()
+        self._warm_pending = 0
+        self._warm_tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._started = self._failed = self._handoffs = self._cold = 0
+        if isinstance(factory, PullGated):
+            factory.set_pull_gate(self.image_pull)
+
+    async def __aenter__(self) -> SandboxPool:
+        self._refill_warm()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @contextlib.asynccontextmanager
+    async def sandbox(self, workspace: Path | None) -> AsyncIterator[Sandbox]:
+        """A started sandbox over a copy of `workspace`, stopped on exit whatever happens."""
+        if self._closed:
+            raise SandboxStartError("the sandbox pool is closed", backend=self.factory.backend)
+        queued = time.monotonic()
+        box = await self._acquire(workspace, queued)
+        try:
+            yield box
+        finally:
+            await self._dispose(box)
+
+    def cap_waits(self) -> dict[str, float]:
+        """Total seconds callers waited on each cap."""
+        return self._waits.totals()
+
+    def cap_wait_stats(self) -> dict[str, CapWait]:
+        return self._waits.snapshot()
+
+    def stats(self) -> PoolStats:
+        return PoolStats(
+            running=self._running,
+            starting=self._starting,
+            warm=len(self._warm),
+            started=self._started,
+            failed=self._failed,
+            warm_handoffs=self._handoffs,
+            cold_starts=self._cold,
+        )
+
+    async def image_pull(self) -> None:
+        """The gate a backend awaits before pulling an image (`image_pulls_per_h`)."""
+        waited = await self._pulls.acquire()
+        if waited > 0:
+            self._waits.record("image_pulls", waited)
+
+    async def close(self) -> None:
+        """Stop the warm sandboxes and the warm refill; sandboxes in use stop on their own exit."""
+        self._closed = True
+        for task in list(self._warm_tasks):
+            task.cancel()
+        await asyncio.gather(*self._warm_tasks, return_exceptions=True)
+        while self._warm:
+            await self._dispose(self._warm.popleft())
+
+    async def _acquire(self, workspace: Path | None, queued: float) -> Sandbox:
+        for attempt in range(2):
+            warm = await self._claim(workspace)
+            if warm is None:
+                return await self._cold_start(workspace, queued)
+            try:
+                return await self._hand_off(warm, workspace, queued)
+            except SandboxError as error:  # a warm sandbox that died while it waited
+                if attempt:
+                    raise
+                log.warning("warm %s sandbox unusable, taking another: %s", warm.backend, error)
+        raise AssertionError("unreachable")
+
+    async def _cold_start(self, workspace: Path | None, queued: float) -> Sandbox:
+        try:
+            box = await self._start_new(workspace)
+        except BaseException:
+            await self._free_slot()
+            raise
+        finally:
+            self._refill_warm()
+        self._cold += 1
+        box.timings.queued_s = time.monotonic() - queued - box.timings.start_s
+        return box
+
+    async def _claim(self, workspace: Path | None) -> Sandbox | None:
+        """A warm sandbox that fits, or None after reserving a running slot for a cold start."""
+        waited_since: float | None = None
+        async with self._slots:
+            while True:
+                if self._warm and (workspace is None or isinstance(self._warm[0], WorkspaceAttachable)):
+                    box = self._warm.popleft()
+                    break
+                if self._running < self._caps.max_running:
+                    self._running += 1
+                    box = None
+                    break
+                waited_since = waited_since or time.monotonic()
+                await self._slots.wait()
+        if waited_since is not None:
+            self._waits.record("running", time.monotonic() - waited_since)
+        return box
+
+    async def _hand_off(self, box: Sandbox, workspace: Path | None, queued: float) -> Sandbox:
+        began = time.monotonic()
+        self._refill_warm()
+        try:
+            if isinstance(box, WorkspaceAttachable):
+                await box.attach_workspace(workspace)
+        except BaseException as error:
+            await self._dispose(box)
+            if isinstance(error, SandboxError | asyncio.CancelledError):
+                raise
+            raise SandboxStartError(f"warm sandbox handoff failed: {error}", backend=box.backend) from error
+        self._handoffs += 1
+        box.timings.warm = True
+        box.timings.handoff_s = time.monotonic() - began
+        box.timings.queued_s = began - queued
+        return box
+
+    async def _start_new(self, workspace: Path | None) -> Sandbox:
+        """Start one sandbox under the starting and rate caps; the caller holds a running slot."""
+        if self._start_gate.locked():
+            waited_since = time.monotonic()
+            await self._start_gate.acquire()
+            self._waits.record("starting", time.monotonic() - waited_since)
+        else:
+            await self._start_gate.acquire()
+        self._starting += 1
+        try:
+            delay = self._rate.reserve()
+            if delay > 0:
+                self._waits.record("start_rate", delay)
+                await asyncio.sleep(delay)
+            return await self._start_one(workspace)
+        finally:
+            self._starting -= 1
+            self._start_gate.release()
+
+    async def _start_one(self, workspace: Path | None) -> Sandbox:
+        backend = self.factory.backend
+        box: Sandbox | None = None
+        try:
+            box = self.factory.create(workspace)
+            await asyncio.wait_for(box.start(), self._caps.start_timeout_s)
+        except BaseException as error:
+            if box is not None:
+                await self._stop_quietly(box)
+            if isinstance(error, asyncio.CancelledError):
+                raise
+            self._failed += 1
+            if isinstance(error, TimeoutError):
+                raise SandboxTimeoutError(
+                    f"{backend} sandbox not started within {self._caps.start_timeout_s}s", backend=backend
+                ) from error
+            if isinstance(error, SandboxError):
+                raise
+            message = f"{backend} sandbox failed to start: {error!r}"
+            raise SandboxStartError(message, backend=backend) from error
+        self._started += 1
+        return box
+
+    def _refill_warm(self) -> None:
+        if self._closed:
+            return
+        missing = self._caps.warm_pool - len(self._warm) - self._warm_pending
+        for _ in range(max(missing, 0)):
+            self._warm_pending += 1
+            task = asyncio.get_running_loop().create_task(self._start_warm())
+            self._warm_tasks.add(task)
+            task.add_done_callback(self._warm_tasks.discard)
+
+    async def _start_warm(self) -> None:
+        try:
+            async with self._slots:
+                await self._slots.wait_for(lambda: self._running < self._caps.max_running or self._closed)
+                if self._closed:
+                    return
+                self._running += 1
+            try:
+                box = await self._start_new(None)
+            except SandboxError as error:
+                await self._free_slot()
+                log.warning("warm sandbox failed to start: %s", error)
+                await asyncio.sleep(WARM_RETRY_S)
+                return
+            except BaseException:
+                await self._free_slot()
+                raise
+            async with self._slots:
+                self._warm.append(box)
+                self._slots.notify_all()
+        finally:
+            self._warm_pending -= 1
+        if not self._closed:
+            self._refill_warm()
+
+    async def _dispose(self, box: Sandbox) -> None:
+        await self._stop_quietly(box)
+        await self._free_slot()
+
+    async def _free_slot(self) -> None:
+        async with self._slots:
+            self._running -= 1
+            self._slots.notify_all()
+
+    async def _stop_quietly(self, box: Sandbox) -> None:
+        try:
+            await box.stop()
+        except Exception as error:  # a sandbox that cannot stop must not break the caller
+            log.warning("stopping %s sandbox %s failed: %s", box.backend, box.id, error)
