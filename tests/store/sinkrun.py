@@ -14,13 +14,15 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer
-from sqlalchemy import Engine, text
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from sqlalchemy import Engine, inspect, text
 
 from rollstream.config import Config
 from streams.bus import EventProducer
-from streams.events import Event
+from streams.events import Event, decode_event
 from streams.sink import sink_partitions
+from streams.store import StoreError, open_readonly
+from streams.topics import topic_name
 from tests.store.eventgen import short_topic
 
 SINK_MAIN = "import typer; from rollstream.commands.sink import command; typer.run(command)"
@@ -55,6 +57,31 @@ def topic_ends(config: Config) -> dict[tuple[str, int], int]:
         return {(tp.topic, tp.partition): offset for tp, offset in found.items()}
 
     return asyncio.run(ends())
+
+
+def read_dead_letters(config: Config) -> list[Event]:
+    """Every event on the `deadletter` topic, from offset 0 to its current end."""
+
+    async def read() -> list[Event]:
+        name = topic_name(config.topics, "deadletter")
+        tps = [TopicPartition(name, p) for p in range(config.topics.deadletter_partitions)]
+        consumer = AIOKafkaConsumer(bootstrap_servers=config.kafka.bootstrap, group_id=None)
+        await consumer.start()
+        try:
+            consumer.assign(tps)
+            for tp in tps:
+                consumer.seek(tp, 0)
+            remaining = sum((await consumer.end_offsets(tps)).values())
+            values: list[Event] = []
+            deadline = time.monotonic() + 120
+            while len(values) < remaining and time.monotonic() < deadline:
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    values.extend(decode_event(record.value or b"") for record in records)
+            return values
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(read())
 
 
 def config_args(config: Config) -> list[str]:
@@ -92,7 +119,7 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> No
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(0.2)
+        time.sleep(0.05)
 
 
 def stored_offsets(engine: Engine) -> dict[tuple[str, int], int]:
@@ -101,9 +128,11 @@ def stored_offsets(engine: Engine) -> dict[tuple[str, int], int]:
         return {(topic, partition): offset for topic, partition, offset in rows}
 
 
-def offsets_match_rows(engine: Engine) -> None:
-    """One snapshot, per partition: stored offset = last stored kafka_offset + 1, rows 0..last all there."""
-    with engine.connect() as conn:
+def offsets_match_rows(engine: Engine) -> int:
+    """Check one snapshot, per partition: stored offset = last stored kafka_offset + 1 and rows
+    0..last all there (no record is skipped by the sink's offsets). Returns the events stored."""
+    snapshot = {"isolation_level": "REPEATABLE READ"} if engine.dialect.name == "postgresql" else {}
+    with engine.connect().execution_options(**snapshot) as conn:  # SQLite: a read transaction is a snapshot
         offsets = {
             (t, p): o
             for t, p, o in conn.execute(text("SELECT topic, partition, next_offset FROM consumer_offsets"))
@@ -121,3 +150,18 @@ def offsets_match_rows(engine: Engine) -> None:
     for where, (top, count) in extents.items():
         assert offsets[where] == top + 1, f"{where}: offset {offsets[where]} but last row at {top}"
         assert count == top + 1, f"{where}: {count} rows for offsets 0..{top}"
+    return sum(count for _top, count in extents.values())
+
+
+def checked_count(url: str) -> int:
+    """Events stored so far, after checking that snapshot's offsets (0 before the sink migrated)."""
+    try:
+        engine = open_readonly(url)
+    except StoreError:
+        return 0  # the sink has not created the SQLite file yet
+    try:
+        if "consumer_offsets" not in inspect(engine).get_table_names():
+            return 0
+        return offsets_match_rows(engine)
+    finally:
+        engine.dispose()
