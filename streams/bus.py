@@ -350,7 +350,7 @@ async def read_topic(
         ends = await consumer.end_offsets(tps)
         out: list[Consumed] = []
         last_progress = time.monotonic()
-        while any(await _behind(consumer, tp, ends[tp]) for tp in tps):
+        while await _behind(consumer, ends):
             fetched = await consumer.getmany(*tps, timeout_ms=int(idle_s * 1000), max_records=10_000)
             if any(fetched.values()):
                 last_progress = time.monotonic()
@@ -373,8 +373,12 @@ def _decoded(records: list[ConsumerRecord[bytes, bytes]], short: str) -> list[Co
     return out
 
 
-async def _behind(consumer: AIOKafkaConsumer, tp: TopicPartition, end: int) -> bool:
-    return await consumer.position(tp) < end
+async def _behind(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> bool:
+    """True while some partition has not reached its end offset."""
+    for tp, end in ends.items():
+        if await consumer.position(tp) < end:
+            return True
+    return False
 
 
 async def _partitions(consumer: AIOKafkaConsumer, name: str) -> set[int]:

@@ -104,8 +104,11 @@ def compatibility_problems(schema: dict[str, Any], model: type[BaseModel] | None
                 model.model_validate(data)
             else:
                 event_from_dict(_envelope_dict(kind, version, data))
-        except (ValidationError, DecodeError) as error:
-            problems.append(f"{kind} v{version} ({label} instance): {str(error).splitlines()[0]}")
+        except ValidationError as error:
+            where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:3])
+            problems.append(f"{kind} v{version} ({label} instance): {where}")
+        except DecodeError as error:
+            problems.append(f"{kind} v{version} ({label} instance): {error.reason}")
     return problems
 
 
