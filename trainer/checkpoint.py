@@ -32,6 +32,12 @@ from trainer.tokenizer import (
 )
 
 CONFIG_FILE = "config.json"
+# ChatML, as Qwen models use: what `transformers` and SGLang apply for chat requests.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% endif %}"
+)
 WEIGHTS_FILE = "model.safetensors"
 
 
@@ -83,6 +89,7 @@ def _write_side_files(path: Path, config: ModelConfig, specials: dict[str, int])
             "model_max_length": config.max_position,
             "add_bos_token": False,
             "clean_up_tokenization_spaces": False,
+            "chat_template": CHAT_TEMPLATE,
         },
     )
     _write_json(

@@ -23,6 +23,7 @@ model between two steps, so tokens after it carry the new version.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import random
 import threading
 import time
@@ -39,6 +40,8 @@ from agents.settings import EngineSettings
 from trainer.checkpoint import load_model, weight_version
 from trainer.model import KVCache, PolicyModel
 
+logger = logging.getLogger(__name__)
+
 
 class EngineRefusal(ValueError):
     """A request the engine will not run; the message says why and what to do."""
@@ -50,6 +53,11 @@ class ContextLengthError(EngineRefusal):
 
 class QueueFullError(EngineRefusal):
     pass
+
+
+class EngineFailure(RuntimeError):
+    """A scheduler step failed (a bug, out of memory): the requests in it fail with this error,
+    queued requests stay queued and the engine keeps serving."""
 
 
 @dataclass(frozen=True)
@@ -217,7 +225,11 @@ class Engine:
                     if step:
                         self._admit()
                 if step:
-                    self._step()
+                    try:
+                        self._step()
+                    except Exception as error:
+                        logger.exception("engine step failed; failing the requests in it")
+                        self._fail_in_flight(error)
 
     def _has_control_work(self) -> bool:
         return bool(self._aborts) or self._pending_model is not None
@@ -267,6 +279,16 @@ class Engine:
         request.prefill_cache = None
         if not request.future.done():
             request.future.set_result(request.result(reason, self.weight_version, now))
+
+    def _fail_in_flight(self, error: Exception) -> None:
+        with self._lock:
+            failed = self._decoding.requests() + self._prefilling
+            self._decoding = Decoder(self.model.config, self.settings.context_length)
+            self._prefilling = []
+            for request in failed:
+                self._by_rid.pop(request.rid, None)
+                if not request.future.done():
+                    request.future.set_exception(EngineFailure(f"engine step failed: {error!r}"))
 
     def _step(self) -> None:
         """One prefill chunk budget plus one decode step. Runs without the lock: only this thread

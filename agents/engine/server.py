@@ -32,7 +32,7 @@ from aiohttp import web
 from tokenizers import Tokenizer
 
 from agents.engine.batch import EngineResult
-from agents.engine.engine import ContextLengthError, Engine, EngineRefusal, QueueFullError
+from agents.engine.engine import ContextLengthError, Engine, EngineFailure, EngineRefusal, QueueFullError
 from agents.engine.protocol import SamplingParams
 from agents.settings import EngineSettings
 from trainer.tokenizer import load_tokenizer
@@ -63,7 +63,7 @@ def parse_sampling(raw: dict[str, Any]) -> SamplingParams:
     if unknown:
         raise ValueError(f"unsupported sampling_params {unknown}; supported: {sorted(known)}")
     return SamplingParams(
-        max_new_tokens=int(raw.get("max_new_tokens") or 128),
+        max_new_tokens=128 if raw.get("max_new_tokens") is None else int(raw["max_new_tokens"]),
         temperature=float(raw.get("temperature", 1.0)),
         top_p=float(raw.get("top_p", 1.0)),
         top_k=int(raw.get("top_k", -1)),
@@ -104,6 +104,8 @@ async def generate(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     body = await request.json()
     input_ids = body.get("input_ids")
+    if body.get("stream"):
+        return error_response(400, "streaming is not supported: send stream=false", "invalid_request")
     if body.get("text") is not None or not isinstance(input_ids, list) or not input_ids:
         return error_response(400, "send one request as input_ids (a non-empty list of ints); text and "
                               "batched input are not supported", "invalid_request")
@@ -123,7 +125,10 @@ async def generate(request: web.Request) -> web.Response:
         return error_response(503, str(error), "queue_full")
     except EngineRefusal as error:
         return error_response(400, str(error), "invalid_request")
-    result = await asyncio.wrap_future(future)
+    try:
+        result = await asyncio.wrap_future(future)
+    except EngineFailure as error:
+        return error_response(500, str(error), "engine_failure")
     tokenizer = request.app[INFO_KEY].tokenizer
     text = tokenizer.decode(list(result.output_ids), skip_special_tokens=False) if tokenizer else ""
     return web.json_response(generate_response(result, bool(body.get("return_logprob")), text))

@@ -222,3 +222,23 @@ def test_length_buckets_bound_the_padding_of_one_long_request(model_dir: Path) -
     assert len(decoder) == 16
     assert [r.rid for r in decoder.remove_where({"long"})] == ["long"]
     assert sorted(decoder.buckets) == [64, 128]
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agents.engine.engine import EngineFailure
+
+    engine = make_engine()
+
+    def out_of_memory(*args: object) -> torch.Tensor:
+        raise RuntimeError("out of memory")
+
+    engine.pause()
+    monkeypatch.setattr(engine.model, "forward_cached", out_of_memory)
+    doomed = engine.submit("doomed", prompt(8), SamplingParams(max_new_tokens=4))
+    engine.resume()
+    with pytest.raises(EngineFailure, match="out of memory"):
+        doomed.result(TIMEOUT)
+    monkeypatch.undo()
+    assert engine.submit("fine", prompt(8), SamplingParams(max_new_tokens=4)).result(TIMEOUT).output_ids

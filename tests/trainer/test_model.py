@@ -37,6 +37,20 @@ def test_transformers_llama_gives_the_same_logits(model_dir: Path) -> None:
     assert torch.allclose(ours_logits, their_logits, atol=1e-5, rtol=0)
 
 
+def test_transformers_tokenizer_and_chat_template_agree(model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from trainer.tokenizer import load_tokenizer
+
+    theirs = AutoTokenizer.from_pretrained(model_dir)
+    text = "def f(x):\n    return x  # ok <|im_end|>"
+    assert theirs.encode(text) == load_tokenizer(model_dir).encode(text).ids
+    messages = [{"role": "user", "content": "hi"}]
+    chat = theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert theirs.eos_token_id == 2 and theirs.pad_token_id == 0
+
+
 def test_save_and_load_round_trip_with_weight_version(model_dir: Path, tmp_path: Path) -> None:
     import shutil
 
