@@ -34,11 +34,12 @@ from pathlib import Path
 import torch
 
 from agents.engine.batch import DecodeBatch, Decoder, EngineResult, RunningRequest
+from agents.engine.prefill import Prefilled, prefill_step
 from agents.engine.protocol import FinishReason, SamplingParams
 from agents.engine.sampling import BatchSampling, sample
 from agents.settings import EngineSettings
 from trainer.checkpoint import load_model, weight_version
-from trainer.model import KVCache, PolicyModel
+from trainer.model import PolicyModel
 
 logger = logging.getLogger(__name__)
 
@@ -308,57 +309,11 @@ class Engine:
                     self._finish(request, reason, now)
 
     def _prefill(self, model: PolicyModel, version: int) -> list[tuple[RunningRequest, FinishReason]]:
-        """Spend up to `prefill_chunk_tokens` on prompts: short ones batched whole (padded to the
-        longest), long ones one chunk at a time. Completed prompts sample their first token."""
-        budget = self.settings.prefill_chunk_tokens
-        group = self._whole_prompt_group(budget)
-        completed: list[tuple[RunningRequest, torch.Tensor, KVCache]] = []
-        if group:
-            budget -= len(group) * max(len(r.input_ids) for r in group)
-            completed += self._prefill_whole(model, group)
-        for request in [r for r in self._prefilling if r not in group]:
-            if budget <= 0:
-                break
-            total = len(request.input_ids)
-            if request.prefill_cache is None:
-                request.prefill_cache = KVCache.empty(model.config, 1, total, torch.float32)
-            chunk = request.input_ids[request.prefilled : request.prefilled + budget]
-            logits = model.forward_cached(
-                torch.tensor([chunk]), torch.tensor([request.prefilled]), request.prefill_cache
-            )
-            request.prefilled += len(chunk)
-            budget -= len(chunk)
-            if request.prefilled == total:
-                completed.append((request, logits[0, -1], request.prefill_cache))
+        completed = prefill_step(model, self._prefilling, self.settings.prefill_chunk_tokens)
         return self._start_decoding(completed, version) if completed else []
 
-    def _whole_prompt_group(self, budget: int) -> list[RunningRequest]:
-        group: list[RunningRequest] = []
-        longest = 0
-        for request in self._prefilling:
-            length = len(request.input_ids)
-            if request.prefilled == 0 and (len(group) + 1) * max(longest, length) <= budget:
-                group.append(request)
-                longest = max(longest, length)
-        return group
-
-    def _prefill_whole(
-        self, model: PolicyModel, group: list[RunningRequest]
-    ) -> list[tuple[RunningRequest, torch.Tensor, KVCache]]:
-        lengths = [len(r.input_ids) for r in group]
-        longest = max(lengths)
-        # Right padding: pad positions get keys/values past each row's end, which decode overwrites
-        # or masks, so they never influence a real token.
-        tokens = torch.tensor([r.input_ids + [0] * (longest - len(r.input_ids)) for r in group])
-        cache = KVCache.empty(model.config, len(group), longest, torch.float32)
-        logits = model.forward_cached(tokens, torch.zeros(len(group), dtype=torch.long), cache)
-        last = logits[torch.arange(len(group)), torch.tensor(lengths) - 1]
-        for request in group:
-            request.prefilled = len(request.input_ids)
-        return [(request, last[i], cache.row(i)) for i, request in enumerate(group)]
-
     def _start_decoding(
-        self, completed: list[tuple[RunningRequest, torch.Tensor, KVCache]], version: int
+        self, completed: list[Prefilled], version: int
     ) -> list[tuple[RunningRequest, FinishReason]]:
         """Sample each completed prompt's first token and move it into the decode batch."""
         requests = [request for request, _, _ in completed]

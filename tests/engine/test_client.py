@@ -114,3 +114,16 @@ async def test_cancelling_generate_aborts_on_the_engine(make_engine: EngineFacto
         with pytest.raises(asyncio.CancelledError):
             await task
         await wait_for(lambda: engine.stats().running == 0 and engine.stats().queued == 0, "the abort")
+
+
+async def test_no_hidden_cap_150_requests_reach_the_engine_at_once(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    engine.pause()
+    async with serving(engine) as url, client(url) as engines:
+        short = SamplingParams(max_new_tokens=2, seed=1)
+        tasks = [asyncio.create_task(engines.generate([5, 6, 7], short, f"many{i}")) for i in range(150)]
+        await wait_for(lambda: engine.stats().queued == 150, "150 requests queued on the engine")
+        assert engines.metrics().in_flight == {url: 150}
+        engine.resume()
+        results = await asyncio.gather(*tasks)
+    assert len(results) == 150 and engines.metrics().in_flight_cap_waits == 0
