@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from tokenizers import Tokenizer
 
@@ -52,11 +53,19 @@ class ChatFormat:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
+    @cached_property
+    def _newline(self) -> tuple[int, ...]:
+        return tuple(self.encode("\n"))
+
+    @cached_property
+    def _assistant_header(self) -> tuple[int, ...]:
+        return (self.im_start, *self.encode("assistant\n"))
+
     def message(self, role: str, content: str) -> list[int]:
-        return [self.im_start, *self.encode(f"{role}\n{content}"), self.im_end, *self.encode("\n")]
+        return [self.im_start, *self.encode(f"{role}\n{content}"), self.im_end, *self._newline]
 
     def assistant_header(self) -> list[int]:
-        return [self.im_start, *self.encode("assistant\n")]
+        return list(self._assistant_header)
 
     def prompt(self, system: str, instance: str) -> list[int]:
         """The first context: system and instance messages, then the assistant header."""
@@ -65,7 +74,7 @@ class ChatFormat:
     def observation(self, previous_output: Sequence[int], content: str) -> list[int]:
         """Ids appended after `previous_output` to show `content` as the next user turn."""
         closing = [] if previous_output and previous_output[-1] == self.im_end else [self.im_end]
-        return [*closing, *self.encode("\n"), *self.message("user", content), *self.assistant_header()]
+        return [*closing, *self._newline, *self.message("user", content), *self._assistant_header]
 
     def reply_text(self, output_ids: Sequence[int]) -> str:
         """The assistant's reply as text (stop tokens dropped)."""

@@ -112,7 +112,7 @@ def command(
     concurrency: int = typer.Option(384, "--concurrency", min=1, help="episodes the worker runs at once"),
     duration: float = typer.Option(60.0, "--duration", min=5.0, help="measurement window, wall seconds"),
     warmup: float = typer.Option(15.0, "--warmup", min=0.0, help="wall seconds before the window opens"),
-    turns_per_s: float = typer.Option(300.0, "--turns-per-s", min=1.0, help="turn rate the scale aims at"),
+    turns_per_s: float = typer.Option(150.0, "--turns-per-s", min=1.0, help="turn rate the scale aims at"),
     config: ConfigPath = None,
     overrides: Overrides = None,
 ) -> None:

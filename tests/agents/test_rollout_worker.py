@@ -1,0 +1,273 @@
+"""The rollout worker process end to end: real Kafka, the embedded engine serving a tiny model
+from `rollstream model init`, bwrap sandboxes and a default task.
+
+- episodes through `rollstream rollout` read back from Kafka: seq gap-free, every event type,
+  token arrays that fold and that the engine reproduces, outcome/reward equal the verifier's;
+- abort records on `rollout.control` end episodes as `truncated:deadline` (before and while
+  they run);
+- a worker killed with SIGKILL mid-run and restarted: every request finishes and re-run
+  events carry the same ids (no id maps to two trajectories' worth of content).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agents.identity import group_id
+from agents.submit import TaskRef, request_event, submit_requests
+from rollstream.config import Config
+from streams.assemble import fold_trajectory
+from streams.bus import EventProducer, read_topic
+from streams.events import ROLLOUT_EVENT_TYPES, Event, make_event
+from streams.outcomes import Outcome
+from streams.payloads import Limits, RolloutAbort
+from trainer.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.slow
+ROLLSTREAM = str(Path(sys.executable).parent / "rollstream")
+TINY_MODEL = (
+    "model.vocab_size=1024",
+    "model.hidden_size=64",
+    "model.num_layers=1",
+    "model.intermediate_size=128",
+)
+WAIT_S = 180.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = WAIT_S, every: float = 0.5) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("agents-model") / "model"
+    sets = [arg for item in TINY_MODEL for arg in ("-s", item)]
+    subprocess.run([ROLLSTREAM, "model", "init", "--out", str(out), *sets], check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log = (tmp_path_factory.mktemp("engine-log") / "engine.log").open("w")
+    proc = subprocess.Popen(
+        [ROLLSTREAM, "engine", "serve", "--model", str(model_dir), "--port", str(port),
+         "--context-length", "4096"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        assert proc.poll() is None, f"engine exited with {proc.returncode}; see {log.name}"
+        try:
+            return httpx.get(f"{url}/get_model_info", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(healthy, "the engine to serve", timeout=120)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture
+def one_task_root(default_tasks_dir: Path, tmp_path: Path) -> Path:
+    """A task root holding one default task (the worker resolves tasks by directory name)."""
+    first = sorted(d for d in default_tasks_dir.iterdir() if (d / "task.toml").is_file())[0]
+    root = tmp_path / "tasks"
+    shutil.copytree(first, root / first.name, symlinks=True)
+    return root
+
+
+class Worker:
+    """A `rollstream rollout` process."""
+
+    def __init__(self, config: Config, tasks: Path, engine: str, model: Path, log: Path, *extra: str) -> None:
+        sets = [
+            f'kafka.bootstrap="{config.kafka.bootstrap}"', f'topics.prefix="{config.topics.prefix}"',
+            f'run.state_dir="{config.run.state_dir}"', "agent.temperature=0", "rollout.commit_interval_s=0.2",
+            *extra,
+        ]  # fmt: skip
+        args = [ROLLSTREAM, "rollout", "--tasks", str(tasks), "--engine", engine, "--model", str(model)]
+        self.log = log.open("a")
+        self.proc = subprocess.Popen(
+            [*args, "--concurrency", "8", *[a for s in sets for a in ("-s", s)]],
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
+def read_events(config: Config) -> list[Event]:
+    consumed = asyncio.run(read_topic(config.kafka, config.topics, "rollout.events", idle_s=0.5))
+    return [c.event for c in consumed]
+
+
+def finished_ids(events: list[Event]) -> set[str]:
+    return {e.trajectory_id for e in events if e.type == "trajectory.finished" and e.trajectory_id}
+
+
+def by_trajectory(events: list[Event]) -> dict[str, list[Event]]:
+    grouped: dict[str, list[Event]] = defaultdict(list)
+    for event in events:
+        grouped[event.trajectory_id or ""].append(event)
+    return grouped
+
+
+def submit(
+    config: Config, run: str, task: TaskRef, group_index: int, attempts: int, limits: Limits
+) -> list[str]:
+    group = group_id(run, task.task_id, group_index)
+    events = [
+        request_event(
+            run_id=run, group=group, task=task, attempt=a, retry=0, group_size=attempts, limits=limits,
+            source="test",
+        )
+        for a in range(attempts)
+    ]
+    asyncio.run(submit_requests(config.kafka, config.topics, events))
+    return [e.trajectory_id for e in events if e.trajectory_id]
+
+
+def write_abort(config: Config, run: str, trajectories: list[str]) -> None:
+    async def send() -> None:
+        data = RolloutAbort(trajectory_ids=trajectories)
+        event = make_event(data, run_id=run, seq=0, time_ns=time.time_ns(), source="test",
+                           id_key=f"abort:{trajectories[0]}")  # fmt: skip
+        async with EventProducer(config.kafka, config.topics) as producer:
+            await producer.send_and_wait("rollout.control", event)
+
+    asyncio.run(send())
+
+
+def test_episodes_through_the_worker_process_and_kafka(
+    kafka_config: Config, one_task_root: Path, engine_url: str, model_dir: Path, tmp_path: Path
+) -> None:
+    task_dir = next(one_task_root.iterdir()).name
+    task = TaskRef(task_dir, task_dir)
+    short = Limits(max_turns=2, max_new_tokens_per_turn=16, context_cap=4096)
+    long = Limits(max_turns=500, max_new_tokens_per_turn=16, context_cap=4096)
+    normal = submit(kafka_config, "run-a", task, 0, 1, short)
+    running, early = submit(kafka_config, "run-a", task, 1, 2, long)
+    write_abort(kafka_config, "run-a", [early])  # aborted before any worker picks it up
+    worker = Worker(kafka_config, one_task_root, engine_url, model_dir, tmp_path / "worker.log",
+                    "agent.max_format_errors=1000")  # fmt: skip
+    try:
+        def first_turn() -> bool:
+            events = read_events(kafka_config)
+            return any(e.trajectory_id == running and e.type == "turn.generated" for e in events)
+
+        wait_until(first_turn, "the long episode's first turn")
+        write_abort(kafka_config, "run-a", [running])
+        expected = {*normal, running, early}
+        wait_until(lambda: expected <= finished_ids(read_events(kafka_config)), "every episode to finish")
+    finally:
+        worker.kill(signal.SIGTERM)
+    trajectories = by_trajectory(read_events(kafka_config))
+    check_normal_episode(trajectories[normal[0]], model_dir)
+    for aborted in (running, early):
+        finished = trajectories[aborted][-1].data
+        assert finished.outcome == Outcome.TRUNCATED_DEADLINE and finished.reward == 0.0, finished
+    assert [e.type for e in trajectories[early]] == ["trajectory.started", "trajectory.finished"]
+    assert "tests.ran" not in {e.type for e in trajectories[running]}
+
+
+def check_normal_episode(events: list[Event], model_dir: Path) -> None:
+    events = sorted(events, key=lambda e: e.seq)
+    assert [e.seq for e in events] == list(range(len(events))), "seq must be gap-free from 0"
+    expected_types = set(ROLLOUT_EVENT_TYPES) - {"sandbox.failed"}
+    assert {e.type for e in events} == expected_types
+    folded = fold_trajectory(events)
+    finished = events[-1].data
+    tests = next(e.data for e in events if e.type == "tests.ran")
+    assert finished.outcome == Outcome.TRUNCATED_TURNS and finished.reward == tests.reward
+    assert folded.reward == tests.reward and folded.turns == finished.turns == 2
+    turns = [e.data for e in events if e.type == "turn.generated"]
+    assert sum(len(t.output_token_ids) for t in turns) == finished.generated_tokens == sum(folded.loss_mask)
+    assert len(folded.token_ids) == turns[-1].context_tokens
+    vocab = load_tokenizer(model_dir).get_vocab_size()
+    for turn in turns:
+        assert 0 < len(turn.output_token_ids) <= 16 and all(0 <= t < vocab for t in turn.output_token_ids)
+        assert all(lp <= 0.0 for lp in turn.output_logprobs)
+    # what the engine received and produced is the folded array: a full forward pass of the same
+    # weights over it gives each output token the engine's logprob, and greedy picked the best
+    check_against_forward_pass(folded.token_ids, folded.loss_mask, folded.rollout_logprobs, model_dir)
+
+
+def check_against_forward_pass(
+    tokens: list[int], mask: list[int], logprobs: list[float], model_dir: Path
+) -> None:
+    import torch
+
+    from trainer.model import load_model
+
+    with torch.no_grad():
+        logits = load_model(model_dir)(torch.tensor([tokens]))[0].float()
+    predicted = torch.log_softmax(logits[:-1], dim=-1)  # row i predicts token i + 1
+    for i in range(1, len(tokens)):
+        if mask[i]:
+            row = predicted[i - 1]
+            assert float(row[tokens[i]]) == pytest.approx(logprobs[i], abs=1e-3), f"token {i}"
+            assert float(row.max() - row[tokens[i]]) < 1e-3, f"greedy token {i} is not the argmax"
+
+
+def test_killed_worker_leaves_requests_to_rerun_with_the_same_ids(
+    kafka_config: Config, one_task_root: Path, engine_url: str, model_dir: Path, tmp_path: Path
+) -> None:
+    task_dir = next(one_task_root.iterdir()).name
+    limits = Limits(max_turns=2, max_new_tokens_per_turn=16, context_cap=4096)
+    expected = set(submit(kafka_config, "run-k", TaskRef(task_dir, task_dir), 0, 4, limits))
+    log = tmp_path / "worker.log"
+    first = Worker(kafka_config, one_task_root, engine_url, model_dir, log)
+    try:
+        wait_until(lambda: any(e.type == "turn.generated" for e in read_events(kafka_config)), "a first turn")
+    finally:
+        first.kill(signal.SIGKILL)
+    second = Worker(kafka_config, one_task_root, engine_url, model_dir, log)
+    try:
+        wait_until(lambda: expected <= finished_ids(read_events(kafka_config)), "every request to finish")
+    finally:
+        second.kill(signal.SIGTERM)
+    events = read_events(kafka_config)
+    started = [e.id for e in events if e.type == "trajectory.started"]
+    assert len(started) > len(set(started)), "the killed worker's requests were re-run under the same ids"
+    unique: dict[object, Event] = {}
+    for event in events:
+        unique.setdefault(event.id, event)
+    for trajectory, own in by_trajectory(list(unique.values())).items():
+        assert trajectory in expected
+        folded = fold_trajectory(own)  # raises if two different events claim one seq
+        assert folded.outcome == Outcome.TRUNCATED_TURNS and folded.reward is not None
