@@ -152,7 +152,7 @@ def test_sh(test_ids: list[str], source_roots: list[str], python: str) -> str:
 def write_runtime_files(tests_dir: Path, pyz: Path, fail_to_pass: list[str], pass_to_pass: list[str]) -> None:
     """grade.py, tests.json and pytest.pyz (hard-linked when possible) into a task's tests/."""
     tests_dir.mkdir(parents=True, exist_ok=True)
-    (tests_dir / "grade.py").write_text(_GRADE_SOURCE.lstrip())
+    (tests_dir / "grade.py").write_text(grade_source())
     (tests_dir / "tests.json").write_text(
         json.dumps({"fail_to_pass": fail_to_pass, "pass_to_pass": pass_to_pass}, indent=1)
     )
@@ -162,6 +162,11 @@ def write_runtime_files(tests_dir: Path, pyz: Path, fail_to_pass: list[str], pas
         target.hardlink_to(pyz)
     except OSError:
         target.write_bytes(pyz.read_bytes())
+
+
+def grade_source() -> str:
+    """The grader script (pure Python, no dependencies) placed in a task's tests/."""
+    return _GRADE_SOURCE.lstrip()
 
 
 def parse_summary(output: str) -> dict[str, tuple[str, str]]:

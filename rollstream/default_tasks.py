@@ -1,0 +1,105 @@
+"""The default task set (tests, demo): built deterministically from pinned PyPI sdists.
+
+`ensure_default_tasks(config)` returns `config.tasks_dir`, building it first when its
+`recipe.json` is missing or differs from the current recipe (libraries, tasks per
+library, seed, builder version). The set is built into a sibling `.partial` directory
+and renamed into place, so an interrupted build never leaves a half set behind. A
+directory that holds tasks but no recipe is the user's own set and is left alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from rollstream.config import Config
+from sandboxes.backends import make_factory
+from sandboxes.tasks.build import BuildReport, BuildRequest, build_from_sdist
+from sandboxes.tasks.harbor import TASK_FILE
+from sandboxes.tasks.sdist import SdistSpec
+
+RECIPE_FILE = "recipe.json"
+BUILDER_VERSION = 3  # bump when the builder's output changes, so old sets are rebuilt
+MIN_TASKS = 30
+MIN_LIBRARIES = 3
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+class DefaultTasksError(RuntimeError):
+    """The default set could not be built; the message says what failed."""
+
+
+def recipe(config: Config) -> dict[str, object]:
+    settings = config.tasks
+    return {
+        "libraries": list(settings.default_libraries),
+        "per_library": settings.default_per_library,
+        "seed": settings.default_seed,
+        "python": settings.python,
+        "builder": BUILDER_VERSION,
+    }
+
+
+def is_current(directory: Path, config: Config) -> bool:
+    path = directory / RECIPE_FILE
+    try:
+        return json.loads(path.read_text()).get("recipe") == recipe(config)
+    except (OSError, ValueError):
+        return False
+
+
+def ensure_default_tasks(
+    config: Config, *, rebuild: bool = False, progress: ProgressFn | None = None
+) -> Path:
+    """The default task directory, built when missing or stale (or when `rebuild`)."""
+    directory = config.tasks_dir
+    if not rebuild and is_current(directory, config):
+        return directory
+    has_tasks = directory.is_dir() and any((d / TASK_FILE).is_file() for d in directory.iterdir())
+    if has_tasks and not (directory / RECIPE_FILE).is_file():
+        return directory  # the user's own task set: never overwritten
+    partial = directory.with_name(directory.name + ".partial")
+    asyncio.run(_build(config, partial, progress))
+    if directory.exists():
+        shutil.rmtree(directory)
+    partial.rename(directory)
+    return directory
+
+
+async def _build(config: Config, out: Path, progress: ProgressFn | None) -> list[BuildReport]:
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    factory = make_factory(config.sandbox)
+    cache = config.state_dir / "cache"
+    settings = config.tasks
+    reports = []
+    for spec_text in settings.default_libraries:
+        request = BuildRequest(
+            SdistSpec.parse(spec_text), out, settings.default_per_library, settings.default_seed
+        )
+        reports.append(await build_from_sdist(request, settings, factory, cache, progress))
+    total = sum(len(r.task_ids) for r in reports)
+    libraries = sum(1 for r in reports if r.task_ids)
+    if total < MIN_TASKS or libraries < MIN_LIBRARIES:
+        summary = ", ".join(f"{r.spec}: {len(r.task_ids)}" for r in reports)
+        raise DefaultTasksError(
+            f"default task set too small ({total} tasks from {libraries} libraries; need {MIN_TASKS} "
+            f"from {MIN_LIBRARIES}): {summary}; add libraries to tasks.default_libraries"
+        )
+    (out / RECIPE_FILE).write_text(
+        json.dumps(
+            {
+                "recipe": recipe(config),
+                "tasks": total,
+                "libraries": {r.spec: r.task_ids for r in reports},
+                "build_s": round(sum(r.duration_s for r in reports), 1),
+            },
+            indent=1,
+        )
+    )
+    return reports
