@@ -9,7 +9,7 @@ replaced by their latencies.
 
 Time scale: the reference episode lasts ~350 s (84% reach 80 turns), so the
 scale is chosen from `--turns-per-s` (the event rate this machine can carry):
-time_scale = concurrency x mean turn time / turns-per-s. At 4096 episodes the
+time_scale = concurrency / (mean turn time x turns-per-s). At 4096 episodes the
 simulation runs slower than real time; the figures are converted back to
 unscaled (workload) hours.
 
