@@ -17,6 +17,7 @@ import logging
 import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from rollstream.config import Config
 from rollstream.launcher import kafka_files
@@ -26,12 +27,13 @@ from rollstream.launcher.process import (
     clear_stale,
     file_lock,
     is_running,
+    kill_now,
     live_pid,
     log_tail,
     port_in_use,
     read_pid,
     start_detached,
-    stop_process,
+    stop_processes,
 )
 
 logger = logging.getLogger(__name__)
@@ -166,13 +168,14 @@ def down(config: Config, brokers: int = 1, *, wipe: bool = False) -> list[int]:
     """Stop the setup's nodes (SIGTERM, then SIGKILL after `broker.stop_timeout_s`);
     `wipe` also deletes their data. Returns the pids stopped."""
     setup = _setup(config, brokers)
-    stopped = []
     with file_lock(setup.root.parent / f"{setup.root.name}.lock"):
+        pids = {node.node_id: live_pid(node.pid_file, _marker(node)) for node in setup.nodes}
+        stopped = [pid for pid in pids.values() if pid is not None]
+        # all at once: a cluster node shutting down alone waits for the others' quorum
+        killed = stop_processes(stopped, config.broker.stop_timeout_s)
+        if killed:
+            logger.warning("Kafka pids %s ignored SIGTERM; killed them", killed)
         for node in setup.nodes:
-            pid = live_pid(node.pid_file, _marker(node))
-            if pid is not None:
-                stop_process(pid, config.broker.stop_timeout_s)
-                stopped.append(pid)
             node.pid_file.unlink(missing_ok=True)
         if wipe:
             shutil.rmtree(setup.root, ignore_errors=True)
@@ -186,8 +189,13 @@ def kill_node(config: Config, node_id: int, brokers: int) -> int:
     pid = live_pid(node.pid_file, _marker(node))
     if pid is None:
         raise LauncherError(f"Kafka node {node_id} is not running")
-    stop_process(pid, grace_s=0.0)
+    kill_now(pid)
     return pid
+
+
+def node_pid_file(config: Config, node_id: int, brokers: int) -> Path:
+    """Where a node's pid file lives (tests simulate stale pid files with it)."""
+    return next(n for n in _setup(config, brokers).nodes if n.node_id == node_id).pid_file
 
 
 def cluster_overrides(config: Config, brokers: int) -> list[str]:

@@ -13,7 +13,10 @@ Run `python -m rollstream.launcher.podman up|image|down|status` by hand.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,10 +30,10 @@ from rollstream.config import Config
 from rollstream.launcher.process import (
     LauncherError,
     file_lock,
+    is_running,
     live_pid,
     log_tail,
     start_detached,
-    stop_process,
 )
 from sandboxes.image import ImageBuildError, ImageReport
 from sandboxes.image import ensure_image as build_and_import
@@ -78,7 +81,7 @@ def ensure_up(config: Config) -> str:
             raise LauncherError(f"socket path {socket} is too long for a unix socket; shorten state_dir")
         pid = live_pid(folder / "podman.pid", MARKER)
         if pid is not None:  # ours, but not answering: replace it
-            stop_process(pid, grace_s=5.0)
+            _stop(pid, grace_s=5.0)
         socket.unlink(missing_ok=True)
         argv = ["podman", "--runtime", "runc", "system", "service", "--time=0", f"unix://{socket}"]
         start_detached(argv, folder / "podman.log", folder / "podman.pid", cwd=folder)
@@ -107,10 +110,22 @@ def down(config: Config) -> bool:
         pid = live_pid(folder / "podman.pid", MARKER)
         if pid is None:
             return False
-        stop_process(pid, grace_s=10.0)
+        _stop(pid, grace_s=10.0)
         (folder / "podman.pid").unlink(missing_ok=True)
         socket_path(config).unlink(missing_ok=True)
         return True
+
+
+def _stop(pid: int, grace_s: float) -> None:
+    """SIGTERM (podman closes its socket cleanly), SIGKILL after `grace_s`."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while is_running(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not is_running(pid):
+            return
 
 
 def ensure_image(config: Config) -> ImageReport:

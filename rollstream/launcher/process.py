@@ -97,21 +97,34 @@ def is_running(pid: int) -> bool:
     return status.rpartition(")")[2].split()[0] != "Z"
 
 
-def stop_process(pid: int, grace_s: float) -> bool:
-    """SIGTERM, wait up to `grace_s`, then SIGKILL. True when it stopped within the grace."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
+def stop_processes(pids: Sequence[int], grace_s: float) -> list[int]:
+    """SIGTERM all of `pids` at once, wait up to `grace_s`, then SIGKILL the rest.
+    Returns the pids that had to be killed."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not is_running(pid):
-            return True
+    while time.monotonic() < deadline and any(is_running(pid) for pid in pids):
         time.sleep(0.2)
+    killed = [pid for pid in pids if is_running(pid)]
+    for pid in killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(is_running(pid) for pid in killed) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return killed
+
+
+def kill_now(pid: int) -> None:
+    """SIGKILL (no shutdown hooks: what a crash looks like) and wait until it is gone."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while is_running(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return False
+        time.sleep(0.05)
+
+
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:

@@ -1,0 +1,76 @@
+"""Launcher behaviour that needs no second broker: the running single broker answers and
+`up` on it is harmless; clear errors for a taken port, a foreign data dir, bad --brokers."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rollstream.commands.kafka import app as kafka_app
+from rollstream.config import Config, load_config
+from rollstream.launcher import kafka, kafka_files
+from rollstream.launcher.process import LauncherError, clear_stale, live_pid
+
+
+def test_up_on_a_running_broker_is_harmless(kafka_bootstrap: str, base_config: Config) -> None:
+    before = kafka.status(base_config)
+    assert kafka.ensure_up(base_config) == kafka_bootstrap
+    assert kafka.status(base_config) == before
+    assert kafka.is_up(base_config)
+    result = CliRunner().invoke(kafka_app, ["status"])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def test_taken_port_is_a_clear_error(tmp_path: Path, taken_port: int) -> None:
+    ports = [f"broker.port={taken_port}", f"broker.controller_port={taken_port}"]
+    config = load_config(None, [f'run.state_dir="{tmp_path}"', *ports])
+    with pytest.raises(LauncherError, match=f"port {taken_port} .* is taken"):
+        kafka.ensure_up(config)
+
+
+def test_data_dir_of_another_cluster_is_a_clear_error(tmp_path: Path, base_config: Config) -> None:
+    setup = kafka_files.layout(tmp_path, base_config.broker, 1)
+    [node] = setup.nodes
+    node.data_dir.mkdir(parents=True)
+    meta = "version=1\ncluster.id=AAAAAAAAAAAAAAAAAAAAAA\nnode.id=1\n"
+    (node.data_dir / "meta.properties").write_text(meta)
+    setup.cluster_id_file.write_text("BBBBBBBBBBBBBBBBBBBBBB\n")
+    with pytest.raises(LauncherError, match="belongs to Kafka cluster AAAAAAAAAAAAAAAAAAAAAA"):
+        kafka_files.cluster_id(setup)
+    setup.cluster_id_file.unlink()  # without a recorded id the formatted one is adopted
+    assert kafka_files.cluster_id(setup) == "AAAAAAAAAAAAAAAAAAAAAA"
+
+
+def test_unsupported_broker_count_is_rejected(base_config: Config) -> None:
+    with pytest.raises(LauncherError, match="--brokers 2"):
+        kafka.ensure_up(base_config, brokers=2)
+
+
+def test_stale_pid_files_are_recognised(tmp_path: Path) -> None:
+    pid_file = tmp_path / "kafka.pid"
+    pid_file.write_text("999999999\n")  # no such process
+    assert live_pid(pid_file, "kafka.Kafka") is None
+    assert clear_stale(pid_file, "kafka.Kafka") and not pid_file.exists()
+    pid_file.write_text("1\n")  # alive, but not a broker
+    assert clear_stale(pid_file, "kafka.Kafka /nowhere/server.properties")
+    pid_file.write_text("garbage\n")
+    assert clear_stale(pid_file, "kafka.Kafka")
+
+
+def test_no_broker_answers_on_a_closed_port() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    assert kafka.broker_count(f"127.0.0.1:{port}") == 0
