@@ -133,6 +133,11 @@ class BwrapSandbox:
         self._lock = asyncio.Lock()
 
     @property
+    def uid(self) -> int | None:
+        """The host uid this sandbox's commands run as (None before start and after stop)."""
+        return self._uid
+
+    @property
     def workspace_dir(self) -> Path:
         """The host directory holding this sandbox's workspace."""
         return self._workspace
@@ -226,7 +231,8 @@ class BwrapSandbox:
         with tarfile.open(fileobj=buffer, mode="w") as archive:
             archive.add(local, arcname=PurePosixPath(remote).name)
         parent = str(PurePosixPath(self._inside_path(remote)).parent)
-        await self._call({"op": "put", "path": parent, "tar": buffer.getvalue()}, self._io_timeout())
+        reply = await self._call({"op": "put", "path": parent, "tar": buffer.getvalue()}, self._io_timeout())
+        raise_transfer_error(reply, f"upload {local} to {remote}")
 
     async def download(self, remote: str, local: Path) -> None:
         host = self._host_path(remote)
@@ -234,6 +240,7 @@ class BwrapSandbox:
             await asyncio.to_thread(copy_any, host, local)
             return
         reply = await self._call({"op": "get", "path": self._inside_path(remote)}, self._io_timeout())
+        raise_transfer_error(reply, f"download {remote}")
         with tempfile.TemporaryDirectory() as scratch:
             with tarfile.open(fileobj=io.BytesIO(reply["tar"])) as archive:
                 archive.extractall(scratch, filter="data")
@@ -270,7 +277,7 @@ class BwrapSandbox:
             except (BrokenPipeError, ConnectionResetError) as error:
                 message = f"sandbox {self.id} is gone: {self._log_tail()}"
                 raise SandboxLostError(message, backend="bwrap") from error
-        if "error" in reply:
+        if "error" in reply and request["op"] == "exec":
             raise SandboxLostError(f"sandbox {self.id} server failed: {reply['error']}", backend="bwrap")
         return reply
 
@@ -334,6 +341,16 @@ def copy_any(source: Path, dest: Path) -> None:
         shutil.copy2(source, dest)
 
 
+def raise_transfer_error(reply: dict, what: str) -> None:
+    """A failed upload/download is the caller's error (a missing path, no permission), not infra."""
+    if "error" not in reply:
+        return
+    error = reply["error"]
+    if error.startswith("FileNotFoundError"):
+        raise FileNotFoundError(f"cannot {what}: {error}")
+    raise OSError(f"cannot {what}: {error}")
+
+
 def exec_result(reply: dict) -> ExecResult:
     exit_code = reply["exit_code"]
     if exit_code < 0:
@@ -355,14 +372,15 @@ def killed_reason(reply: dict) -> str | None:
     if reply["timed_out"]:
         return "timeout"
     code = reply["exit_code"]
-    if code == -signal.SIGXCPU:
-        return "cpu"
-    if code == -signal.SIGKILL:
-        return "killed"
-    if code == -signal.SIGXFSZ:
-        return "file_size"
     if code == 0:
         return None
+    died_of = -code if code < 0 else code - 128  # the command, or the shell reporting its child
+    if died_of == signal.SIGXCPU:
+        return "cpu"
+    if died_of == signal.SIGXFSZ:
+        return "file_size"
+    if died_of == signal.SIGKILL:
+        return "killed"
     stderr = reply["stderr"]
     if any(marker in stderr for marker in MEMORY_MARKERS):
         return "memory"

@@ -13,8 +13,8 @@ answers each request with one reply:
 - `exec`: argv, cwd, env, timeout_s, output_limit, drain_s, and the rlimits
   (as_bytes, cpu_s, nproc, fsize_bytes) → exit_code, signal, stdout, stderr,
   output_bytes, truncated, timed_out, duration_s.
-- `put`: path, tar (bytes) → extracted there, owned by the sandbox uid.
-- `get`: path → tar (bytes) of that file or directory.
+- `put`: path, tar (bytes) → extracted there by the sandbox uid (so it owns them).
+- `get`: path → tar (bytes) of that file or directory, read as the sandbox uid.
 
 Output is read incrementally; at most `output_limit` bytes are kept (a shared
 head, then a tail per stream) and the rest only counted, so a command printing
@@ -211,14 +211,34 @@ def run_command(request, uid, gid):
     }
 
 
-def put(request, uid, gid):
+def as_sandbox_user(work, request, uid, gid):
+    """Run `work(request)` in a child that is the sandbox uid; its reply comes back over a pipe."""
+    reply_r, reply_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(reply_r)
+            become_sandbox_user(uid, gid)
+            reply = work(request)
+        except BaseException as error:
+            reply = {"error": f"{type(error).__name__}: {error}"}
+        with os.fdopen(reply_w, "wb") as out:
+            out.write(marshal.dumps(reply))
+        os._exit(0)
+    os.close(reply_w)
+    with os.fdopen(reply_r, "rb") as source:
+        data = source.read()
+    os.waitpid(pid, 0)
+    return marshal.loads(data) if data else {"error": "file transfer helper died"}
+
+
+def put(request):
     import io
     import tarfile
 
+    os.makedirs(request["path"], exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(request["tar"])) as archive:
         archive.extractall(request["path"], filter="data")
-        for member in archive.getmembers():
-            os.lchown(os.path.join(request["path"], member.name), uid, gid)
     return {}
 
 
@@ -237,9 +257,9 @@ def handle(request, uid, gid):
     if op == "exec":
         return run_command(request, uid, gid)
     if op == "put":
-        return put(request, uid, gid)
+        return as_sandbox_user(put, request, uid, gid)
     if op == "get":
-        return get(request)
+        return as_sandbox_user(get, request, uid, gid)
     if op == "ping":
         return {}
     raise ValueError(f"unknown op {op!r}")
