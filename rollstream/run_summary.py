@@ -1,0 +1,101 @@
+"""The end of a run: tail figures, outcomes, groups and sandbox timings as tables, the
+report (PNGs + HTML), and a summary answered by the SQL store."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+
+from rich.table import Table
+from sqlalchemy import create_engine, text
+
+from rollstream.commands.common import console
+from rollstream.commands.replay import policies
+from rollstream.commands.tail import figure_rows
+from rollstream.config import Config
+from rollstream.report import write_report
+from streams.events import Event
+from streams.replay import RecordedRun, load_from_topics, replay
+from streams.tail import tail_figures
+
+OUTCOME_SQL = text(
+    "SELECT outcome, count(*) AS trajectories, avg(turns) AS mean_turns, avg(reward) AS mean_reward, "
+    "avg(total_s) AS mean_seconds FROM trajectories WHERE run_id = :run GROUP BY outcome ORDER BY outcome"
+)
+
+
+def summarise_run(cfg: Config, run_id: str, out: Path) -> Path:
+    """Print the run's tables and write its report into `out`; returns the HTML path."""
+    recorded = asyncio.run(load_from_topics(cfg.kafka, cfg.topics, run_id))
+    _, policy = policies(cfg, recorded, [])
+    figures = tail_figures(replay(recorded, policy).folded)
+    tables: dict[str, Mapping[str, object]] = {
+        "Tail figures": dict(figure_rows(figures)),
+        "Outcomes": outcome_counts(recorded.events),
+        "Groups": group_counts(recorded),
+        "Sandboxes": sandbox_figures(recorded.events),
+    }
+    for title, rows in tables.items():
+        console.print(_rich_table(title, rows))
+    console.print(sql_summary(cfg.db_url, run_id))
+    page = write_report(out, run_id, recorded.events, tables)
+    console.print(f"report: [bold]{page}[/] (timeline.png, outcomes.png, turns.png)")
+    console.print(f"ask more in SQL: rollstream sql \"SELECT * FROM trajectories WHERE run_id = '{run_id}'\"")
+    return page
+
+
+def outcome_counts(events: list[Event]) -> dict[str, int]:
+    finished = [e for e in events if e.type == "trajectory.finished"]
+    return dict(sorted(Counter(str(e.data.outcome) for e in finished).items()))  # type: ignore[attr-defined]
+
+
+def group_counts(recorded: RecordedRun) -> dict[str, int]:
+    reasons = Counter((g.data.dropped or "kept") for g in recorded.groups)  # type: ignore[attr-defined]
+    return {f"groups {reason}": n for reason, n in sorted(reasons.items())}
+
+
+def sandbox_figures(events: list[Event]) -> dict[str, str]:
+    ready = [e.data for e in events if e.type == "sandbox.ready"]
+    failed = sum(1 for e in events if e.type == "sandbox.failed")
+    if not ready:
+        return {"sandboxes started": "0", "sandbox failures": str(failed)}
+    starts = [d.start_s for d in ready]  # type: ignore[attr-defined]
+    waits = [d.queue_wait_s for d in ready]  # type: ignore[attr-defined]
+    return {
+        "sandboxes started": str(len(ready)),
+        "sandbox failures": str(failed),
+        "start median": f"{statistics.median(starts):.3f} s",
+        "start max": f"{max(starts):.3f} s",
+        "queue wait median (caps)": f"{statistics.median(waits):.3f} s",
+        "queue wait max (caps)": f"{max(waits):.3f} s",
+    }
+
+
+def sql_summary(url: str, run_id: str) -> Table:
+    table = Table(title=f"from the SQL store ({url})")
+    for column in ("outcome", "trajectories", "mean turns", "mean reward", "mean seconds"):
+        table.add_column(column, justify="right" if column != "outcome" else "left")
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            for row in connection.execute(OUTCOME_SQL, {"run": run_id}):
+                table.add_row(str(row[0]), str(row[1]), *(_fmt(v) for v in row[2:]))
+    finally:
+        engine.dispose()
+    return table
+
+
+def _fmt(value: object) -> str:
+    return "-" if value is None else f"{float(value):.2f}"  # type: ignore[arg-type]
+
+
+def _rich_table(title: str, rows: Mapping[str, object]) -> Table:
+    table = Table(title=title)
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for name, value in rows.items():
+        table.add_row(name, str(value))
+    return table
