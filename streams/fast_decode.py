@@ -35,12 +35,11 @@ _ENVELOPE_FIELDS: dict[str, Any] = {
 
 
 def _envelope(kind: str, payload: type[BaseModel]) -> type[BaseModel]:
+    """The envelope of one type; fields in `Event`'s order, so its `__dict__` can become an Event's."""
+    own = {"type": (Literal[kind], ...), "data": (payload, ...)}
+    fields = {name: own.get(name) or _ENVELOPE_FIELDS[name] for name in Event.model_fields}
     return create_model(  # type: ignore[call-overload, no-any-return]
-        "Envelope_" + kind.replace(".", "_"),
-        __config__=ConfigDict(frozen=True, extra="forbid"),
-        type=(Literal[kind], ...),
-        data=(payload, ...),
-        **_ENVELOPE_FIELDS,
+        "Envelope_" + kind.replace(".", "_"), __config__=ConfigDict(frozen=True, extra="forbid"), **fields
     )
 
 
@@ -48,7 +47,6 @@ _ENVELOPES = tuple(_envelope(kind, payload) for kind, payload in PAYLOADS.items(
 _ANY_ENVELOPE: TypeAdapter[Any] = TypeAdapter(
     Annotated[Union[_ENVELOPES], Field(discriminator="type")]  # noqa: UP007 (a runtime tuple)
 )
-_EVENT_FIELDS = tuple(Event.model_fields)  # serialisation follows this order
 _CURRENT = {kind: payload.SCHEMA_VERSION for kind, payload in PAYLOADS.items()}
 
 
@@ -66,10 +64,9 @@ def decode_event_fast(value: bytes | str) -> Event:
 def _as_event(envelope: BaseModel) -> Event:
     """The validated envelope's fields as an `Event`, without validating them again
     (what `Event.model_construct` does, minus its per-field Python loop)."""
-    values = envelope.__dict__
     event = Event.__new__(Event)
-    object.__setattr__(event, "__dict__", {name: values[name] for name in _EVENT_FIELDS})
-    object.__setattr__(event, "__pydantic_fields_set__", set(envelope.model_fields_set))
+    object.__setattr__(event, "__dict__", envelope.__dict__)  # the envelope is not used again
+    object.__setattr__(event, "__pydantic_fields_set__", envelope.__pydantic_fields_set__)
     object.__setattr__(event, "__pydantic_extra__", None)
     object.__setattr__(event, "__pydantic_private__", None)
     return event
