@@ -197,7 +197,11 @@ class Decoder:
 
     def cached_positions(self) -> int:
         """Positions allocated across buckets (rows × capacity): the physical KV footprint."""
-        return sum(b.cache.rows * b.capacity for b in self.buckets.values() if b.cache is not None)
+        total = 0
+        for bucket in list(self.buckets.values()):
+            cache = bucket.cache  # read once: the scheduler thread may release it meanwhile
+            total += cache.rows * bucket.capacity if cache is not None else 0
+        return total
 
     def capacity_for(self, positions: int) -> int:
         capacity = max(self.min_capacity, 1 << max(positions - 1, 0).bit_length())
@@ -223,6 +227,8 @@ class Decoder:
     def rebucket(self) -> None:
         """Move rows whose next token would not fit their bucket into a larger one."""
         for bucket in list(self.buckets.values()):
+            if max(bucket.lengths) + 1 <= bucket.capacity:
+                continue
             full = [i for i, length in enumerate(bucket.lengths) if length + 1 > bucket.capacity]
             for row in full:
                 self.add(bucket.requests[row], bucket.row_cache(row), bucket.lengths[row])

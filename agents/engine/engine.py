@@ -263,6 +263,8 @@ class Engine:
         )
 
     def _admit(self) -> None:
+        if not self._queue:
+            return
         reserved = self._reserved()
         while self._queue:
             running = len(self._decoding) + len(self._prefilling)
@@ -301,7 +303,8 @@ class Engine:
             self._decoding.rebucket()
             for bucket in list(self._decoding.buckets.values()):
                 finished += self._decode(bucket, model, version)
-            self._decoding.remove_where({request.rid for request, _ in finished})
+            if finished:
+                self._decoding.remove_where({request.rid for request, _ in finished})
         if finished:
             now = time.monotonic()
             with self._lock:
