@@ -35,13 +35,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from streams.bus import Consumed, EventConsumer, EventProducer
 from streams.events import DecodeError, Event, decode_event, encode_event, make_event
@@ -50,6 +52,7 @@ from streams.processor import Emit, Output, Rejected, StreamProcessor
 from streams.settings import KafkaSettings, PolicySettings, StreamWorkerSettings, TopicSettings
 from streams.topics import topic_name
 
+log = logging.getLogger(__name__)
 _ID_PREFIX = re.compile(rb'^\{"id":"([0-9a-f-]{36})"')
 
 
@@ -85,25 +88,30 @@ class StreamWorker:
         self.ready = asyncio.Event()
         self._first_offset: dict[str, tuple[int, int]] = {}
         self._next_offset: dict[int, int] = {}
+        self._owned: set[int] = set()  # partitions whose records are handled now
+        self._held: set[int] = set()  # partitions whose state is kept (owned, or revoked pending assignment)
+        self._assigned_before = False
+        self._lock = asyncio.Lock()
 
     async def run(self, stop: asyncio.Event) -> WorkerStats:
-        for short in ("groups", "trajectories"):
-            ids = await self._read_back_ids(short)
-            self.processor.emitted |= ids
-            self.stats.skipped_on_start += len(ids)
+        await self._refresh_emitted()
         async with (
             EventProducer(self.kafka, self.topics) as producer,
             EventConsumer(
                 self.kafka, self.topics, ["weights"], group_id=None, name=f"{self.name}-weights"
             ) as weights,
-            EventConsumer(
-                self.kafka, self.topics, ["rollout.events"], group_id=self.settings.group_id, name=self.name
-            ) as consumer,
         ):
-            self.ready.set()
-            await self._loop(stop, producer, consumer, weights)
-            await producer.flush()
-            await self._commit(consumer)
+            consumer = EventConsumer(
+                self.kafka, self.topics, ["rollout.events"], group_id=self.settings.group_id, name=self.name
+            )
+            listener = _Rebalance(self, producer, consumer)
+            consumer.consumer.subscribe(topics=[topic_name(self.topics, "rollout.events")], listener=listener)
+            async with consumer:
+                self.ready.set()
+                await self._loop(stop, producer, consumer, weights)
+                async with self._lock:
+                    await producer.flush()
+                    await self._commit(consumer)
         return self.stats
 
     async def _loop(
@@ -116,23 +124,53 @@ class StreamWorker:
             batch = await consumer.batch(
                 timeout_ms=self.settings.batch_timeout_ms, max_records=self.settings.batch_max_records
             )
-            self._drop_revoked(consumer)
-            for record in batch:
-                await self._handle(producer, record, self.processor.feed(record.event))
-            now = time.monotonic()
-            if now - last_tick >= self.settings.deadline_check_interval_s:
-                last_tick = now
-                await self._handle(producer, None, self.processor.tick(self.clock_ns()))
-            if now - last_commit >= self.settings.commit_interval_s:
-                last_commit = now
-                await producer.flush()
-                await self._commit(consumer)
+            async with self._lock:  # a rebalance waits until this batch's outputs are sent
+                for record in batch:
+                    if record.partition in self._owned:  # fetched before a rebalance took it away
+                        await self._handle(producer, record, self.processor.feed(record.event))
+                now = time.monotonic()
+                if now - last_tick >= self.settings.deadline_check_interval_s:
+                    last_tick = now
+                    await self._handle(producer, None, self.processor.tick(self.clock_ns()))
+                if now - last_commit >= self.settings.commit_interval_s:
+                    last_commit = now
+                    await producer.flush()
+                    await self._commit(consumer)
+
+    async def on_revoked(self, producer: EventProducer, consumer: EventConsumer) -> None:
+        """Before partitions move: everything produced is acked and the safe offsets committed."""
+        async with self._lock:
+            await producer.flush()
+            await self._commit(consumer)
+            # until the new assignment, records of stale batches are skipped: every partition
+            # restarts from its committed offset once assigned, so nothing skipped is lost
+            self._held, self._owned = self._owned | self._held, set()
+
+    async def on_assigned(self, partitions: set[int]) -> None:
+        """Forget groups of partitions now elsewhere; read back output when taking over partitions."""
+        async with self._lock:
+            lost = self._held - partitions
+            gone = {g for g, (p, _) in self._first_offset.items() if p in lost}
+            self.processor.forget(gone)
+            for group_id in gone:
+                del self._first_offset[group_id]
+            for partition in lost:
+                self._next_offset.pop(partition, None)
+            if self._assigned_before and partitions - self._held:
+                await self._refresh_emitted()  # the previous owner may have written groups we would re-form
+            self._owned, self._held, self._assigned_before = set(partitions), set(partitions), True
+            log.info("%s: assigned partitions %s", self.name, sorted(partitions))
+
+    async def _refresh_emitted(self) -> None:
+        for short in ("groups", "trajectories"):
+            ids = await self._read_back_ids(short)
+            self.stats.skipped_on_start += len(ids - self.processor.emitted)
+            self.processor.emitted |= ids
 
     async def _handle(self, producer: EventProducer, record: Consumed | None, outputs: list[Output]) -> None:
         if record is not None:
             self.stats.events += 1
             group_id = record.event.group_id or ""
-            self._next_offset[record.partition] = record.offset + 1
             if group_id in self.processor.groups and group_id not in self._first_offset:
                 self._first_offset[group_id] = (record.partition, record.offset)
         for output in outputs:
@@ -142,6 +180,8 @@ class StreamWorker:
             elif record is not None:
                 await producer.send("deadletter", self._dead_letter(record, output))
                 self.stats.dead_letters += 1
+        if record is not None:
+            self._next_offset[record.partition] = record.offset + 1
         self.stats.open_groups = len(self.processor.groups)
 
     def _count(self, emit: Emit) -> None:
@@ -176,31 +216,23 @@ class StreamWorker:
 
     def commit_offsets(self) -> dict[tuple[str, int], int]:
         """Per partition: the first offset of the oldest open group there, else past the last consumed."""
-        offsets = dict(self._next_offset)
+        offsets = {p: o for p, o in self._next_offset.items() if p in self._owned}
         for group_id, (partition, offset) in list(self._first_offset.items()):
             if group_id not in self.processor.groups:
                 del self._first_offset[group_id]  # formed (or forgotten) since
-            elif offset < offsets.get(partition, offset + 1):
+            elif partition in offsets and offset < offsets[partition]:
                 offsets[partition] = offset
         return {("rollout.events", partition): offset for partition, offset in offsets.items()}
 
     async def _commit(self, consumer: EventConsumer) -> None:
         offsets = self.commit_offsets()
-        if offsets:
-            await consumer.commit(offsets)
-
-    def _drop_revoked(self, consumer: EventConsumer) -> None:
-        """Forget groups of partitions this worker no longer owns: their new owner re-reads them."""
-        owned = {tp.partition for tp in consumer.consumer.assignment()}
-        revoked = {p for p in self._next_offset if p not in owned}
-        if not revoked:
+        if not offsets:
             return
-        lost = {g for g, (p, _) in self._first_offset.items() if p in revoked}
-        self.processor.forget(lost)
-        for group_id in lost:
-            del self._first_offset[group_id]
-        for partition in revoked:
-            del self._next_offset[partition]
+        try:
+            await consumer.commit(offsets)
+        except (CommitFailedError, IllegalStateError) as error:
+            # a rebalance is under way: the revoke callback commits once this batch is done
+            log.info("commit skipped during a rebalance: %s", error)
 
     async def _read_back_ids(self, short: str) -> set[uuid.UUID]:
         """Ids of every record already on `short` (our earlier output), read without full decoding."""
@@ -217,6 +249,19 @@ class StreamWorker:
             return await _drain_ids(consumer, topic_name(self.topics, short), self.settings.readback_idle_s)
         finally:
             await consumer.stop()
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    """Hands partition moves to the worker (flush + commit before, forget + read back after)."""
+
+    def __init__(self, worker: StreamWorker, producer: EventProducer, consumer: EventConsumer) -> None:
+        self.worker, self.producer, self.consumer = worker, producer, consumer
+
+    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        await self.worker.on_revoked(self.producer, self.consumer)
+
+    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        await self.worker.on_assigned({tp.partition for tp in assigned})
 
 
 async def _drain_ids(consumer: AIOKafkaConsumer, topic: str, idle_s: float) -> set[uuid.UUID]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import socket
@@ -22,6 +23,8 @@ def command(
 ) -> None:
     """Fold rollout events into trajectories and GRPO groups until interrupted (SIGINT/SIGTERM)."""
     cfg = read_config(config, overrides)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("streams.app").setLevel(logging.INFO)  # partition assignments
     worker = StreamWorker(
         cfg.kafka,
         cfg.topics,

@@ -108,6 +108,35 @@ def test_sigkill_and_restart_give_every_group_exactly_once(
     assert any("not JSON" in c.event.data.reason for c in dead)  # type: ignore[attr-defined]
 
 
+def test_two_workers_share_the_partitions_and_write_each_group_once(
+    config_factory: Callable[..., Config], tmp_path: Path
+) -> None:
+    config = config_factory()
+    events = sorted(synthetic_run("run-two", groups=40, group_size=4, seed=12), key=lambda e: e.time_ns)
+    half = len(events) // 2
+    asyncio.run(_produce(config, events[:half]))
+    log = tmp_path / "workers.log"
+    first = _start_worker(config, log, "w-first")
+    second = None
+    try:
+        _poll(lambda: len(asyncio.run(_ids(config, "groups"))) >= 5, 120, "groups from the first worker")
+        second = _start_worker(config, log, "w-second")  # joins: the partitions are rebalanced
+        _poll(
+            lambda: "w-second: assigned partitions [" in log.read_text().replace("[]", ""), 120, "a rebalance"
+        )
+        asyncio.run(_produce(config, events[half:]))
+        _poll(lambda: len(set(asyncio.run(_ids(config, "groups")))) >= 40, 180, "every group")
+        time.sleep(2.0)
+    finally:
+        for worker in (first, second):
+            if worker is not None:
+                worker.send_signal(signal.SIGTERM)
+        assert first.wait(60) == 0 and (second is None or second.wait(60) == 0), log.read_text()[-3000:]
+    groups = asyncio.run(bus.read_topic(config.kafka, config.topics, "groups", idle_s=0.5))
+    assert len(groups) == len({c.event.id for c in groups}) == 40
+    assert {c.event.source for c in groups} == {"w-first", "w-second"}
+
+
 async def test_deadline_writes_aborts_then_forms_without_the_straggler(
     config_factory: Callable[..., Config],
 ) -> None:
