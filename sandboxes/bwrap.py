@@ -62,7 +62,13 @@ from sandboxes.base import (
 )
 from sandboxes.bwrap_args import bwrap_argv, python_home
 from sandboxes.settings import SandboxSettings
-from sandboxes.workspace import WorkspaceError, chown_tree, fill_workspace, remove_workspace
+from sandboxes.workspace import (
+    WorkspaceError,
+    chown_tree,
+    default_work_root,
+    fill_workspace,
+    remove_workspace,
+)
 
 SERVER_SCRIPT = Path(__file__).with_name("bwrap_server.py")
 MEMORY_MARKERS = (
@@ -107,8 +113,7 @@ class BwrapSandboxFactory:
                 f"bubblewrap not found ({settings.bwrap.bwrap_path!r}); install Debian's `bubblewrap`",
                 backend="bwrap",
             )
-        root = settings.bwrap.work_root or os.path.join(tempfile.gettempdir(), "rollstream-sandboxes")
-        self.work_root = Path(root)
+        self.work_root = Path(settings.bwrap.work_root) if settings.bwrap.work_root else default_work_root()
         self.uids = UidAllocator(settings.bwrap.uid_base, settings.bwrap.uid_count)
 
     def create(self, workspace: Path | None) -> BwrapSandbox:

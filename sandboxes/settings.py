@@ -40,7 +40,7 @@ class BwrapSettings(Frozen):
     """The bubblewrap backend: paths and the dedicated uids commands run as."""
 
     bwrap_path: str = "bwrap"
-    work_root: str = Field(default="", description="host dir for per-sandbox workspaces; empty = system tmp")
+    work_root: str = Field(default="", description="per-sandbox workspaces; empty = /dev/shm, else tmp")
     workspace_mount: str = Field(default="/workspace", description="where the workspace appears inside")
     uid_base: int = Field(default=200_000, description="first host uid of the per-sandbox uid range")
     uid_count: int = Field(default=60_000, description="uids in the range (>= pool.max_running)")

@@ -13,7 +13,7 @@ from sandboxes.settings import BwrapSettings, LimitSettings, PoolSettings, Sandb
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> SandboxSettings:
+def settings() -> SandboxSettings:
     """Small limits so the isolation tests are quick; generous start timeout for a loaded machine."""
     return SandboxSettings(
         backend="bwrap",
@@ -26,7 +26,7 @@ def settings(tmp_path: Path) -> SandboxSettings:
             tmpfs_mb=64,
         ),
         pool=PoolSettings(max_running=8, max_starting=4, warm_pool=0, start_timeout_s=60.0),
-        bwrap=BwrapSettings(work_root=str(tmp_path / "sandboxes")),
+        bwrap=BwrapSettings(),
     )
 
 
