@@ -72,11 +72,15 @@ def plain_loop(model: PolicyModel, batch_prompts: list[list[int]], new_tokens: i
 def engine_run(engine: Engine, batch_prompts: list[list[int]], new_tokens: int) -> float:
     """Tokens/s of the same work submitted to the engine as independent requests."""
     run = uuid.uuid4().hex[:8]
-    began = time.perf_counter()
+    # Submit while paused so the batch starts together, as the plain loop's does; otherwise the
+    # scheduler starts on the first arrivals and the measurement depends on submission speed.
+    engine.pause()
     futures = [
         engine.submit(f"{run}-{i}", p, SamplingParams(max_new_tokens=new_tokens, seed=i))
         for i, p in enumerate(batch_prompts)
     ]
+    began = time.perf_counter()
+    engine.resume()
     generated = sum(len(f.result(timeout=600).output_ids) for f in futures)
     elapsed = time.perf_counter() - began
     if generated != len(batch_prompts) * new_tokens:
