@@ -213,6 +213,8 @@ class DockerSandboxFactory:
             "MemorySwap": memory,
             "PidsLimit": limits.max_processes,
             "Ulimits": ulimits,
+            "CapDrop": ["NET_RAW", "MKNOD", "AUDIT_WRITE"],
+            "SecurityOpt": ["no-new-privileges"],
         }
         if docker.cpus > 0:
             host_config["NanoCpus"] = int(docker.cpus * 1e9)

@@ -19,6 +19,8 @@ from sandboxes.base import ExecResult
 
 STDOUT, STDERR = 1, 2
 TIMEOUT_EXIT, SIGKILL_EXIT, SIGXCPU_EXIT = 124, 128 + 9, 128 + 24
+# A process cap makes fork() fail rather than kill, so it shows only in the error output.
+PROCESS_MARKERS = (b"Cannot fork", b"can't fork", b"fork: retry", b"Resource temporarily unavailable")
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class OutputCollector:
 
 def timeout_argv(command: str, limit_s: float) -> list[str]:
     """`sh -c command` under a wall-clock limit that kills its whole process group."""
+    if limit_s <= 0:  # `timeout 0` would mean no limit at all
+        raise ValueError(f"command timeout must be positive, got {limit_s}")
     return ["timeout", "-s", "KILL", f"{limit_s:.3f}", "sh", "-c", command]
 
 
@@ -91,6 +95,8 @@ def exec_result(code: int | None, output: OutputCollector, duration_s: float, li
     elif code == SIGXCPU_EXIT:
         killed_reason = "cpu"
     kept = output.result()
+    if killed_reason is None and code != 0 and any(marker in kept.stderr for marker in PROCESS_MARKERS):
+        killed_reason = "processes"
     return ExecResult(
         exit_code=code,
         stdout=kept.stdout.decode(errors="replace"),

@@ -84,19 +84,20 @@ def ensure_up(config: Config) -> str:
             _stop(pid, grace_s=5.0)
         socket.unlink(missing_ok=True)
         argv = ["podman", "--runtime", "runc", "system", "service", "--time=0", f"unix://{socket}"]
-        start_detached(argv, folder / "podman.log", folder / "podman.pid", cwd=folder)
-        _wait_until_up(config, folder)
+        pid = start_detached(argv, folder / "podman.log", folder / "podman.pid", cwd=folder)
+        _wait_until_up(config, folder, pid)
     return base_url(config)
 
 
-def _wait_until_up(config: Config, folder: Path) -> None:
+def _wait_until_up(config: Config, folder: Path, pid: int) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if is_up(config):
             return
-        if live_pid(folder / "podman.pid", MARKER) is None:
+        if not is_running(pid):
             break
         time.sleep(0.2)
+    _stop(pid, grace_s=5.0)
     raise LauncherError(
         f"podman system service did not answer on {socket_path(config)}; its log:\n"
         + log_tail(folder / "podman.log")

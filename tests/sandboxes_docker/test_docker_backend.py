@@ -158,7 +158,9 @@ async def test_fork_bomb_and_memory_hog_are_contained(
 ) -> None:
     box = make_factory(limits={"max_processes": 64, "memory_mb": 256}).create(None)
     await box.start()
-    bomb = await box.exec("f(){ f|f& }; f; sleep 60", timeout=5)  # the timeout reaps the whole bomb
+    # The loop keeps the command alive (its own forks may fail) until the timeout kills the
+    # whole process group, bomb included; had it exited early, the bomb would outlive it.
+    bomb = await box.exec("f(){ f|f& }; f; while :; do sleep 1 || true; done", timeout=5)
     assert bomb.timed_out and "Cannot fork" in bomb.stderr  # the pids limit held; a result, not an error
     hog = await box.exec("python3 -c 'b = bytearray(1024**3); print(len(b))'", timeout=120)
     assert hog.exit_code == 137 and not hog.timed_out and hog.killed_reason == "memory"
@@ -191,6 +193,13 @@ async def test_missing_api_socket_is_a_typed_start_error(tmp_path: Path) -> None
     with pytest.raises(BackendUnavailableError) as error:
         await box.start()
     assert "rollstream.launcher.podman up" in str(error.value) and error.value.kind == "sandbox_start"
+
+    stale = tmp_path / "stale.sock"  # a socket file left behind by a service that died
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(stale))
+    settings = SandboxSettings.model_validate({"docker": {"base_url": f"unix://{stale}"}})
+    with pytest.raises(BackendUnavailableError, match="unreachable"):
+        await DockerSandboxFactory(settings).create(None).start()
 
 
 async def test_missing_image_pulls_are_counted_and_capped(
