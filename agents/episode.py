@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shlex
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -345,7 +346,8 @@ class Episode:
             return action.submits
         timeout = self.services.command_timeout_s
         t0 = time.monotonic()
-        result = await box.exec(action.command, timeout=timeout)
+        shell = f"{self.services.agent.shell} -c {shlex.quote(action.command)}"
+        result = await box.exec(shell, timeout=timeout)
         self.counters.tool_s += time.monotonic() - t0
         output = result.stdout + result.stderr
         shown = render_observation(

@@ -44,8 +44,9 @@ class AgentSettings(Frozen):
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
-    max_format_errors: int = 3
+    max_format_errors: int = Field(default=3, ge=1, description="format errors in a row that end the episode")
     submit_command: str = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+    shell: str = Field(default="bash", description="each command runs as `<shell> -c <command>`")
 
 
 class RolloutSettings(Frozen):
