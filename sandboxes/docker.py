@@ -123,6 +123,11 @@ class DockerSandboxFactory:
         label = self.settings.docker.label
         return {label: "1", f"{label}.run": self.run_id, f"{label}.owner": self.owner}
 
+    @property
+    def connected_api(self) -> DockerApi | None:
+        """The API once connected (sandboxes only exist after their factory connected)."""
+        return self._api
+
     async def api(self) -> DockerApi:
         """The connected API; the first call also removes leaked containers and makes the network."""
         async with self._lock:
@@ -348,7 +353,7 @@ class DockerSandbox:
         return remote if remote.startswith("/") else f"{self._docker.workdir.rstrip('/')}/{remote}"
 
     def _require_running(self) -> DockerApi:
-        api = self._factory._api
+        api = self._factory.connected_api
         if self._stopped or not self.container_id or api is None:
             raise SandboxLostError(f"sandbox {self.id} is not running (never started or stopped)",
                                    backend=BACKEND)
@@ -366,8 +371,9 @@ class DockerSandbox:
         return SandboxLostError(f"sandbox {self.id} ({state}): {error}", backend=BACKEND)
 
     async def _remove_quietly(self) -> None:
-        if not self.container_id or self._factory._api is None:
+        api = self._factory.connected_api
+        if not self.container_id or api is None:
             return
         # An engine that is gone took the container with it; other leaks are cleaned at next start.
         with contextlib.suppress(DockerApiError, DockerUnreachableError):
-            await self._factory._api.remove_container(self.container_id)
+            await api.remove_container(self.container_id)

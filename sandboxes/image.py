@@ -115,9 +115,9 @@ def build_rootfs(settings: DockerSettings, tarball: Path) -> None:
 
 
 def import_tarball(client: docker.APIClient, tarball: Path, image: str) -> None:
-    repository, _, tag = image.rpartition(":") if ":" in image.split("/")[-1] else (image, "", "latest")
+    # The name goes whole into `repo` (the API allows a tag there): podman ignores the separate `tag`.
     try:
-        client.import_image(src=str(tarball), repository=repository, tag=tag, changes=list(IMAGE_CHANGES))
+        client.import_image(src=str(tarball), repository=image, changes=list(IMAGE_CHANGES))
     except docker.errors.APIError as error:
         raise ImageBuildError(f"importing {tarball} as {image} failed: {error}") from None
     if not _has_image(client, image):
