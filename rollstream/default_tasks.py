@@ -3,16 +3,19 @@
 `ensure_default_tasks(config)` returns `config.tasks_dir`, building it first when its
 `recipe.json` is missing or differs from the current recipe (libraries, tasks per
 library, seed, builder version). The set is built into a sibling `.partial` directory
-and renamed into place, so an interrupted build never leaves a half set behind. A
+and renamed into place, so an interrupted build never leaves a half set behind; a file
+lock lets concurrent callers (test sessions, the demo) wait for one build. A
 directory that holds tasks but no recipe is the user's own set and is left alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rollstream.config import Config
@@ -55,19 +58,42 @@ def is_current(directory: Path, config: Config) -> bool:
 def ensure_default_tasks(
     config: Config, *, rebuild: bool = False, progress: ProgressFn | None = None
 ) -> Path:
-    """The default task directory, built when missing or stale (or when `rebuild`)."""
+    """The default task directory, built when missing or stale (or when `rebuild`).
+
+    Safe to call from several processes at once: builders take an exclusive file lock,
+    and one that waited finds the set current and returns it."""
     directory = config.tasks_dir
     if not rebuild and is_current(directory, config):
         return directory
     has_tasks = directory.is_dir() and any((d / TASK_FILE).is_file() for d in directory.iterdir())
     if has_tasks and not (directory / RECIPE_FILE).is_file():
         return directory  # the user's own task set: never overwritten
-    partial = directory.with_name(directory.name + ".partial")
-    asyncio.run(_build(config, partial, progress))
-    if directory.exists():
-        shutil.rmtree(directory)
-    partial.rename(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive(directory.with_name(f".{directory.name}.lock")) as waited:
+        if is_current(directory, config) and (waited or not rebuild):
+            return directory
+        partial = directory.with_name(directory.name + ".partial")
+        asyncio.run(_build(config, partial, progress))
+        if directory.exists():
+            shutil.rmtree(directory)
+        partial.rename(directory)
     return directory
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[bool]:
+    """Hold an exclusive lock on `lock_path`; yields whether another holder made us wait."""
+    with open(lock_path, "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            waited = False
+        except BlockingIOError:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            waited = True
+        try:
+            yield waited
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 async def _build(config: Config, out: Path, progress: ProgressFn | None) -> list[BuildReport]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from sandboxes.base import SandboxFactory
 from sandboxes.settings import TaskSettings
-from sandboxes.tasks.mutants import Coverage, Deduper, Judgement, TestRun, judge, order_candidates
+from sandboxes.tasks.mutants import Coverage, Deduper, Judgement, SuiteRun, judge, order_candidates
 from sandboxes.tasks.mutators import Mutation, MutationError, apply_mutation, find_mutations, normalized_ast
 from sandboxes.tasks.runtime import ensure_pytest_zip
 from sandboxes.tasks.sdist import (
@@ -198,14 +198,14 @@ async def _baseline(
     return _Context(layout, sources, Coverage.from_plugin(cover_data, passing), passing, runners, settings)
 
 
-def _check_baseline(spec: SdistSpec, run: TestRun, tail: str, settings: TaskSettings) -> None:
+def _check_baseline(spec: SdistSpec, run: SuiteRun, tail: str, settings: TaskSettings) -> None:
     if run.timed_out:
         raise UnfitLibraryError(f"{spec}: the test suite did not finish in {settings.suite_timeout_s:.0f}s")
     if not run.outcomes:
         raise UnfitLibraryError(f"{spec}: tests are not pytest-runnable here; pytest said:\n{tail}")
 
 
-def _passed(run: TestRun) -> frozenset[str]:
+def _passed(run: SuiteRun) -> frozenset[str]:
     return frozenset(test for test, (outcome, _) in run.outcomes.items() if outcome == "PASSED")
 
 

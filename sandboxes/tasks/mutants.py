@@ -68,7 +68,7 @@ def order_candidates(mutations: list[Mutation], coverage: Coverage, seed: int) -
 
 
 @dataclass(frozen=True)
-class TestRun:
+class SuiteRun:
     """One pytest run of a mutant: node id -> (outcome, message), and whether it timed out."""
 
     outcomes: dict[str, tuple[str, str]]
@@ -84,7 +84,7 @@ class Judgement:
     messages: dict[str, str] = field(default_factory=dict)
 
 
-def judge(run: TestRun, expected_passing: frozenset[str], max_fail_to_pass: int) -> Judgement:
+def judge(run: SuiteRun, expected_passing: frozenset[str], max_fail_to_pass: int) -> Judgement:
     """Keep a mutant when ≥1 of the tests that passed at baseline now fails and the rest pass."""
     if run.timed_out:
         return Judgement(False, "timeout")

@@ -139,7 +139,7 @@ def pythonpath_prefix(source_roots: list[str]) -> str:
     return "".join(f"$PWD/{root}:" if root != "." else "$PWD:" for root in source_roots)
 
 
-def test_sh(test_ids: list[str], source_roots: list[str], python: str) -> str:
+def verifier_script(test_ids: list[str], source_roots: list[str], python: str) -> str:
     return _TEST_SH.format(
         pythonpath=pythonpath_prefix(source_roots),
         python=python,

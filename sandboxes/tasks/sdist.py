@@ -18,6 +18,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin
 
 import httpx
 
@@ -132,11 +133,12 @@ def fetch_sdist(spec: SdistSpec, cache_dir: Path, *, index_url: str, timeout_s: 
 
 
 def _release_files(spec: SdistSpec, index_url: str, timeout_s: float) -> dict[str, str]:
-    """The sdist entry of the release: `<name>/<version>/json`, else the project's `releases`."""
+    """The sdist entry of the release: `<name>/<version>/json`, else the project's `releases`.
+    File URLs may be relative (mirrors): they are resolved against the JSON document's URL."""
     base = index_url.rstrip("/")
-    files = _get_json(f"{base}/{spec.name}/{spec.version}/json", spec, timeout_s, "urls")
+    files, where = _get_json(f"{base}/{spec.name}/{spec.version}/json", spec, timeout_s, "urls")
     if files is None:
-        project = _get_json(f"{base}/{spec.name}/json", spec, timeout_s, "releases")
+        project, where = _get_json(f"{base}/{spec.name}/json", spec, timeout_s, "releases")
         if project is None:
             raise UnfitLibraryError(f"{spec}: PyPI has no project {spec.name}")
         if spec.version not in project:
@@ -144,21 +146,22 @@ def _release_files(spec: SdistSpec, index_url: str, timeout_s: float) -> dict[st
         files = project[spec.version]
     for entry in files:
         if entry.get("packagetype") == "sdist":
-            return {"filename": entry["filename"], "url": entry["url"], "sha256": entry["digests"]["sha256"]}
+            url = urljoin(where, entry["url"])
+            return {"filename": entry["filename"], "url": url, "sha256": entry["digests"]["sha256"]}
     raise UnfitLibraryError(f"{spec}: no source distribution on PyPI (wheels only)")
 
 
-def _get_json(url: str, spec: SdistSpec, timeout_s: float, key: str) -> Any:
-    """`key` of the JSON document at `url`, or None when it does not exist (404)."""
+def _get_json(url: str, spec: SdistSpec, timeout_s: float, key: str) -> tuple[Any, str]:
+    """(`key` of the JSON document at `url` or None when it does not exist, the final URL)."""
     try:
         response = httpx.get(url, timeout=timeout_s, follow_redirects=True)
     except httpx.HTTPError as error:
         raise UnfitLibraryError(f"{spec}: cannot reach PyPI at {url}: {error}") from None
     if response.status_code == 404:
-        return None
+        return None, url
     if response.status_code != 200:
         raise UnfitLibraryError(f"{spec}: PyPI answered {response.status_code} for {url}")
-    return response.json().get(key)
+    return response.json().get(key), str(response.url)
 
 
 def _sha256(path: Path) -> str:

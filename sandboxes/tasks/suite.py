@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from sandboxes.base import Sandbox, SandboxFactory
-from sandboxes.tasks.mutants import TestRun
+from sandboxes.tasks.mutants import SuiteRun
 from sandboxes.tasks.runtime import COVER_PLUGIN, NO_ASLR, PYTEST_FLAGS, parse_summary
 
 SCRATCH = ".rollstream-build"
@@ -55,7 +55,9 @@ class SuiteRunner:
             "COLUMNS": "400",
         }
 
-    async def run(self, targets: list[str], timeout: float, *, coverage: bool = False) -> tuple[TestRun, str]:
+    async def run(
+        self, targets: list[str], timeout: float, *, coverage: bool = False
+    ) -> tuple[SuiteRun, str]:
         """Run pytest on `targets` (node ids or paths): the parsed summary and the log's tail."""
         args = " ".join(shlex.quote(t) for t in targets)
         if len(args) > MAX_ARGS_CHARS:
@@ -69,7 +71,7 @@ class SuiteRunner:
         )
         result = await self._box.exec(command, timeout=timeout, env=self._env())
         summary, _, tail = result.stdout.partition("--- tail")
-        return TestRun(parse_summary(summary), timed_out=result.timed_out), tail.strip()
+        return SuiteRun(parse_summary(summary), timed_out=result.timed_out), tail.strip()
 
     async def coverage(self) -> dict:
         with tempfile.TemporaryDirectory() as scratch:

@@ -20,7 +20,7 @@ from sandboxes.tasks.harbor import REPO_DIR, Task, TaskMetadata, write_task_file
 from sandboxes.tasks.instruction import FailingTest, write_instruction
 from sandboxes.tasks.mutants import Judgement
 from sandboxes.tasks.mutators import Mutation
-from sandboxes.tasks.runtime import test_sh, write_runtime_files
+from sandboxes.tasks.runtime import verifier_script, write_runtime_files
 from sandboxes.tasks.sdist import ProjectLayout, SdistSpec
 
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".rollstream-build", ".pytest_cache")
@@ -121,7 +121,7 @@ def write_sdist_task(
     write_task_files(
         task_dir,
         task,
-        test_sh=test_sh(
+        test_sh=verifier_script(
             [*verdict.fail_to_pass, *verdict.pass_to_pass], list(layout.source_roots), settings.python
         ),
         solve_sh=solve_sh(gold_patch(mutation.path, original, item.mutated)),
