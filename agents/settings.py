@@ -21,6 +21,10 @@ class EngineSettings(Frozen):
     prefill_chunk_tokens: int = Field(
         default=2048, ge=1, description="prompt tokens prefilled per scheduler step (chunked prefill)"
     )
+    prefix_cache_tokens: int = Field(
+        default=131072, ge=0, description="tokens of finished requests' KV kept for reuse; 0 = off"
+    )
+    prefix_block_tokens: int = Field(default=64, ge=1, description="prefix cache match granularity")
     torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads; 0 = torch's default")
     health_timeout_s: float = Field(default=20.0, description="/health_generate's one-token generation")
     seed: int = 0

@@ -32,6 +32,7 @@ class EngineResult:
     finish_reason: FinishReason
     matched_token: int | None  # the stop token, when finish_reason is "stop"
     prompt_tokens: int
+    cached_tokens: int  # prompt tokens whose keys/values came from the prefix cache
     weight_version: int
     queue_wait_s: float
     latency_s: float
@@ -48,6 +49,7 @@ class RunningRequest:
     future: concurrent.futures.Future[EngineResult]
     admitted: float | None = None
     prefilled: int = 0  # prompt tokens whose keys/values are computed
+    cached_tokens: int = 0  # of which reused from the prefix cache
     prefill_cache: KVCache | None = None
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
@@ -82,6 +84,7 @@ class RunningRequest:
             finish_reason=reason,
             matched_token=matched,
             prompt_tokens=len(self.input_ids),
+            cached_tokens=self.cached_tokens,
             weight_version=version,
             queue_wait_s=admitted - self.arrival,
             latency_s=now - self.arrival,
@@ -213,6 +216,15 @@ class Decoder:
         if bucket is None:
             bucket = self.buckets[capacity] = DecodeBatch(self.config, capacity)
         bucket.add(request, source, length)
+
+    def rows_of(self, rids: set[str]) -> list[tuple[RunningRequest, KVCache, int]]:
+        """(request, one-row cache view, cached length) of each row in `rids`; views, no copies."""
+        return [
+            (request, bucket.row_cache(row), bucket.lengths[row])
+            for bucket in self.buckets.values()
+            for row, request in enumerate(bucket.requests)
+            if request.rid in rids
+        ]
 
     def remove_where(self, rids: set[str]) -> list[RunningRequest]:
         removed: list[RunningRequest] = []

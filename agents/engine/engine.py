@@ -35,11 +35,12 @@ import torch
 
 from agents.engine.batch import DecodeBatch, Decoder, EngineResult, RunningRequest
 from agents.engine.prefill import Prefilled, prefill_step
+from agents.engine.prefix_cache import PrefixCache
 from agents.engine.protocol import FinishReason, SamplingParams
 from agents.engine.sampling import BatchSampling, sample
 from agents.settings import EngineSettings
 from trainer.checkpoint import load_model, weight_version
-from trainer.model import PolicyModel
+from trainer.model import KVCache, PolicyModel
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,9 @@ class EngineStats:
     reserved_kv_tokens: int
     kv_cache_tokens: int
     cached_kv_positions: int  # allocated in decode buffers (rows × bucket capacity)
+    prefix_cache_tokens: int
+    prefix_hits: int
+    prefix_hit_tokens: int
     weight_version: int
     paused: bool
     decode_steps: int
@@ -87,6 +91,8 @@ class Engine:
         self._decoding = Decoder(self.model.config, settings.context_length)
         self._by_rid: dict[str, RunningRequest] = {}
         self._aborts: set[str] = set()
+        self._prefix = PrefixCache(settings.prefix_cache_tokens, settings.prefix_block_tokens)
+        self._flush_requested = False
         self._pending_model: tuple[PolicyModel, int, concurrent.futures.Future[int]] | None = None
         self._paused = False
         self._stopping = False
@@ -176,6 +182,12 @@ class Engine:
             self._paused = True
             self._lock.notify_all()
 
+    def flush_cache(self) -> None:
+        """Drop the prefix cache (applied before the next step)."""
+        with self._lock:
+            self._flush_requested = True
+            self._lock.notify_all()
+
     def resume(self) -> None:
         with self._lock:
             self._paused = False
@@ -206,6 +218,9 @@ class Engine:
                 reserved_kv_tokens=self._reserved(),
                 kv_cache_tokens=self.settings.kv_cache_tokens,
                 cached_kv_positions=self._decoding.cached_positions(),
+                prefix_cache_tokens=self._prefix.tokens,
+                prefix_hits=self._prefix.hits,
+                prefix_hit_tokens=self._prefix.hit_tokens,
                 weight_version=self.weight_version,
                 paused=self._paused,
                 decode_steps=self._decode_steps,
@@ -233,7 +248,7 @@ class Engine:
                         self._fail_in_flight(error)
 
     def _has_control_work(self) -> bool:
-        return bool(self._aborts) or self._pending_model is not None
+        return bool(self._aborts) or self._pending_model is not None or self._flush_requested
 
     def _can_step(self) -> bool:
         return not self._paused and bool(self._queue or self._prefilling or len(self._decoding))
@@ -242,13 +257,17 @@ class Engine:
         if self._pending_model is not None:
             model, version, done = self._pending_model
             self.model, self.weight_version, self._pending_model = model, version, None
+            self._prefix.clear()  # keys/values of the old weights
             done.set_result(version)
+        if self._flush_requested:
+            self._prefix.clear()
+            self._flush_requested = False
         if self._aborts:
             self._apply_aborts()
 
     def _apply_aborts(self) -> None:
         now = time.monotonic()
-        aborted = self._decoding.remove_where(self._aborts)
+        aborted = self._retire(self._aborts)
         aborted += [r for r in self._prefilling if r.rid in self._aborts]
         aborted += [r for r in self._queue if r.rid in self._aborts]
         self._prefilling = [r for r in self._prefilling if r.rid not in self._aborts]
@@ -275,7 +294,26 @@ class Engine:
             self._queue.popleft()
             request.admitted = time.monotonic()
             reserved += request.reserved_tokens
+            self._attach_prefix(request)
             self._prefilling.append(request)
+
+    def _attach_prefix(self, request: RunningRequest) -> None:
+        """Start the prompt's prefill from the longest cached prefix, if any."""
+        hit = self._prefix.lookup(request.input_ids)
+        if hit is None:
+            return
+        entry, matched = hit
+        cache = KVCache.empty(self.model.config, 1, len(request.input_ids), torch.float32)
+        for layer in range(self.model.config.num_layers):
+            cache.keys[layer][0, :, :matched] = entry.keys[layer][:, :matched]
+            cache.values[layer][0, :, :matched] = entry.values[layer][:, :matched]
+        request.prefill_cache, request.prefilled, request.cached_tokens = cache, matched, matched
+
+    def _retire(self, rids: set[str]) -> list[RunningRequest]:
+        """Remove decoding requests, keeping their keys/values in the prefix cache."""
+        for request, view, length in self._decoding.rows_of(rids):
+            self._prefix.insert(request.input_ids + request.output_ids, view, length)
+        return self._decoding.remove_where(rids)
 
     def _finish(self, request: RunningRequest, reason: FinishReason, now: float) -> None:
         self._by_rid.pop(request.rid, None)
@@ -304,7 +342,7 @@ class Engine:
             for bucket in list(self._decoding.buckets.values()):
                 finished += self._decode(bucket, model, version)
             if finished:
-                self._decoding.remove_where({request.rid for request, _ in finished})
+                self._retire({request.rid for request, _ in finished})
         if finished:
             now = time.monotonic()
             with self._lock:

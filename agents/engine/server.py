@@ -86,7 +86,7 @@ def generate_response(result: EngineResult, return_logprob: bool, text: str) -> 
         "finish_reason": finish_reason_json(result),
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": len(result.output_ids),
-        "cached_tokens": 0,
+        "cached_tokens": result.cached_tokens,
         "weight_version": str(result.weight_version),
         "output_token_versions": list(result.output_versions),
         "queue_time": result.queue_wait_s,
@@ -187,7 +187,7 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
 
 
 async def flush_cache(request: web.Request) -> web.Response:
-    # No prefix cache is kept: a request's KV cache lives only while it runs.
+    request.app[ENGINE_KEY].flush_cache()
     return web.Response(text="Cache flushed.\n")
 
 
