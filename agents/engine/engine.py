@@ -141,7 +141,8 @@ class Engine:
                     f"engine queue is full ({self.settings.max_queued_requests} requests): retry later "
                     f"or raise engine.max_queued_requests"
                 )
-            seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+            # Any int is a valid seed; it is folded into int64 for the sampling hash.
+            seed = params.seed % (1 << 63) if params.seed is not None else self._seeds.getrandbits(63)
             request = RunningRequest(
                 rid=rid,
                 input_ids=list(input_ids),

@@ -53,6 +53,8 @@ def test_seeded_sampling_is_reproducible_alone_or_batched(make_engine: EngineFac
     ]
     batched = engine.submit("batched", prompt(9), params)
     assert batched.result(TIMEOUT).output_ids == alone.output_ids
+    huge_seed = engine.submit("huge", prompt(9), SamplingParams(max_new_tokens=16, seed=2**64 + 1234))
+    assert huge_seed.result(TIMEOUT).output_ids  # folded into int64, not an overflow
     other_seed = engine.submit("other-seed", prompt(9), SamplingParams(max_new_tokens=16, seed=4321))
     assert other_seed.result(TIMEOUT).output_ids != alone.output_ids
     for future in crowd:
