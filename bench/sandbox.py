@@ -210,7 +210,7 @@ def command(
     concurrency: Annotated[int, typer.Option(help="callers asking for sandboxes at once")] = 64,
     n: Annotated[int, typer.Option(help="sandboxes started per phase")] = 512,
     warm: Annotated[int | None, typer.Option(help="warm pool size; default = concurrency")] = None,
-    hold_s: Annotated[float, typer.Option(help="seconds each caller holds its sandbox")] = 1.0,
+    hold_s: Annotated[float, typer.Option(help="seconds each caller holds its sandbox (an episode)")] = 5.0,
     exec_n: Annotated[int, typer.Option(help="commands timed for the exec overhead")] = 200,
     config: ConfigPath = None,
     overrides: Overrides = None,

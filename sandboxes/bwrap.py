@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import itertools
 import marshal
 import os
 import shutil
@@ -61,12 +60,14 @@ from sandboxes.base import (
     Timings,
 )
 from sandboxes.bwrap_args import bwrap_argv, python_home
+from sandboxes.bwrap_uids import UidAllocator, UidsExhaustedError
 from sandboxes.settings import SandboxSettings
 from sandboxes.workspace import (
     WorkspaceError,
     chown_tree,
     default_work_root,
     fill_workspace,
+    remove_stale_workspaces,
     remove_workspace,
 )
 
@@ -79,26 +80,6 @@ MEMORY_MARKERS = (
     b"memory exhausted",
 )
 PROCESS_MARKERS = (b"fork: retry", b"Cannot fork", b"can't fork", b"Resource temporarily unavailable")
-
-
-class UidAllocator:
-    """Hands out host uids from a range, round-robin, never two live sandboxes the same."""
-
-    def __init__(self, base: int, count: int) -> None:
-        self._base, self._count = base, count
-        self._in_use: set[int] = set()
-        self._next = itertools.cycle(range(count))
-
-    def allocate(self) -> int:
-        for _ in range(self._count):
-            uid = self._base + next(self._next)
-            if uid not in self._in_use:
-                self._in_use.add(uid)
-                return uid
-        raise SandboxStartError(f"all {self._count} sandbox uids are in use; raise bwrap.uid_count")
-
-    def release(self, uid: int) -> None:
-        self._in_use.discard(uid)
 
 
 class BwrapSandboxFactory:
@@ -114,7 +95,8 @@ class BwrapSandboxFactory:
                 backend="bwrap",
             )
         self.work_root = Path(settings.bwrap.work_root) if settings.bwrap.work_root else default_work_root()
-        self.uids = UidAllocator(settings.bwrap.uid_base, settings.bwrap.uid_count)
+        self.uids = UidAllocator(settings.bwrap.uid_base, settings.bwrap.uid_count, self.work_root / ".uids")
+        remove_stale_workspaces(self.work_root)
 
     def create(self, workspace: Path | None) -> BwrapSandbox:
         return BwrapSandbox(self, workspace)
@@ -131,7 +113,7 @@ class BwrapSandbox:
         self._factory = factory
         self._settings = factory.settings
         self._source = workspace
-        self._dir = factory.work_root / self.id
+        self._dir = factory.work_root / f"{os.getpid()}-{self.id}"  # the pid lets a later run clean up
         self._workspace = self._dir / "workspace"
         self._uid: int | None = None
         self._process: asyncio.subprocess.Process | None = None
@@ -163,7 +145,10 @@ class BwrapSandbox:
         self.timings.ready_at = time.time()
 
     async def _start(self) -> None:
-        self._uid = self._factory.uids.allocate()
+        try:
+            self._uid = self._factory.uids.allocate()
+        except UidsExhaustedError as error:
+            raise SandboxStartError(str(error), backend="bwrap") from error
         try:
             await asyncio.to_thread(fill_workspace, self._source, self._workspace, self._uid, self._uid)
         except WorkspaceError as error:
@@ -191,9 +176,10 @@ class BwrapSandbox:
 
     async def attach_workspace(self, workspace: Path | None) -> None:
         """Fill a started sandbox's (empty) workspace with a copy of `workspace` (warm pool handoff)."""
+        if self._process is None or self._process.returncode is not None or self._uid is None:
+            raise SandboxLostError(f"sandbox {self.id} is not running", backend="bwrap")
         if workspace is None:
             return
-        assert self._uid is not None, "attach_workspace needs a started sandbox"
         try:
             await asyncio.to_thread(fill_workspace, workspace, self._workspace, self._uid, self._uid)
         except WorkspaceError as error:
@@ -217,10 +203,6 @@ class BwrapSandbox:
             "timeout_s": float(timeout_s),
             "output_limit": limits.output_limit_bytes,
             "drain_s": limits.output_drain_s,
-            "cpu_s": limits.cpu_time_s,
-            "as_bytes": limits.memory_mb << 20,
-            "nproc": limits.max_processes,
-            "fsize_bytes": limits.file_size_mb << 20,
         }
         wait_s = timeout_s + limits.output_drain_s + self._settings.bwrap.server_grace_s
         reply = await self._call(request, wait_s)

@@ -48,7 +48,10 @@ def bwrap_argv(settings: SandboxSettings, workspace: Path, server_script: Path, 
     argv += ["--bind", str(workspace), bwrap.workspace_mount]
     argv += ["--ro-bind", str(server_script), SERVER_PATH_INSIDE]
     argv += ["--chdir", bwrap.workspace_mount, "--"]
+    limits = settings.limits
     argv += [server_python(), "-I", "-S", SERVER_PATH_INSIDE, str(uid), str(uid)]
+    argv += [str(limits.cpu_time_s), str(limits.memory_mb << 20), str(limits.max_processes)]
+    argv += [str(limits.file_size_mb << 20)]
     return argv
 
 

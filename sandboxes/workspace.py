@@ -97,3 +97,13 @@ def chown_tree(root: Path, uid: int, gid: int) -> None:
 
 def remove_workspace(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_stale_workspaces(root: Path) -> None:
+    """Remove `<pid>-<sandbox>` dirs under `root` left by processes that no longer exist."""
+    if not root.is_dir():
+        return
+    for entry in root.iterdir():
+        pid, _, rest = entry.name.partition("-")
+        if rest and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            remove_workspace(entry)
