@@ -100,8 +100,8 @@ def started_event(ep: Episode, group_size: int, turn_cap: int) -> Event:
     return _event(ep, data, 0, ep.start_s)
 
 
-def rest_events(ep: Episode, end_s: float | None) -> list[Event]:
-    """Events after `trajectory.started`: to the plan's end, or cut at `end_s` (an abort)."""
+def _turns(ep: Episode, end_s: float | None) -> tuple[list[tuple[Payload, float]], float]:
+    """(payload, time) of the turns that end by `end_s` (all when None), and the time after them."""
     plan, out = ep.plan, []
     t = ep.start_s + plan.sandbox_start_s
     out.append(
@@ -112,25 +112,23 @@ def rest_events(ep: Episode, end_s: float | None) -> list[Event]:
             t,
         )
     )
-    turns = 0
     for index, llm_s in enumerate(plan.llm_s):
         tool_s = plan.tool_s[index] if index < len(plan.tool_s) else 0.0
         if end_s is not None and t + llm_s + tool_s > end_s:
             break
-        t += llm_s
-        turns += 1
+        t, turn = t + llm_s, index + 1
         out.append(
             (
                 TurnGenerated(
-                    turn=turns,
-                    observation_token_ids=[3] if turns > 1 else [],
+                    turn=turn,
+                    observation_token_ids=[3] if turn > 1 else [],
                     output_token_ids=[4, 5],
                     output_logprobs=[-0.1, -0.2],
                     output_versions=[0, 0],
                     finish_reason="stop",
                     engine_id="sim",
                     weight_version=0,
-                    context_tokens=2 + 3 * turns,
+                    context_tokens=2 + 3 * turn,
                     latency_s=llm_s,
                 ),
                 t,
@@ -141,7 +139,7 @@ def rest_events(ep: Episode, end_s: float | None) -> list[Event]:
             out.append(
                 (
                     ToolExecuted(
-                        turn=turns,
+                        turn=turn,
                         command="ls",
                         exit_code=0,
                         output="",
@@ -152,15 +150,21 @@ def rest_events(ep: Episode, end_s: float | None) -> list[Event]:
                     t,
                 )
             )
+    return out, t
+
+
+def rest_events(ep: Episode, end_s: float | None) -> list[Event]:
+    """Events after `trajectory.started`: to the plan's end, or cut at `end_s` (an abort)."""
+    plan = ep.plan
+    out, t = _turns(ep, end_s)
+    turns = sum(isinstance(data, TurnGenerated) for data, _ in out)
     if end_s is not None:
         outcome, reward, t = Outcome.TRUNCATED_DEADLINE, 0.0, end_s
     else:
         reward = 1.0 if plan.resolved else 0.0
-        outcome = (
-            Outcome.TRUNCATED_TURNS
-            if not plan.submits
-            else (Outcome.RESOLVED if plan.resolved else Outcome.UNRESOLVED)
-        )
+        outcome = Outcome.TRUNCATED_TURNS
+        if plan.submits:
+            outcome = Outcome.RESOLVED if plan.resolved else Outcome.UNRESOLVED
         t += plan.verifier_s
         out.append(
             (
@@ -173,20 +177,15 @@ def rest_events(ep: Episode, end_s: float | None) -> list[Event]:
                 t,
             )
         )
-    last_seq = len(out) + 1
-    out.append(
-        (
-            TrajectoryFinished(
-                outcome=outcome,
-                reward=reward,
-                turns=turns,
-                generated_tokens=2 * turns,
-                context_tokens=2 + 3 * turns,
-                last_seq=last_seq,
-            ),
-            t,
-        )
+    finished = TrajectoryFinished(
+        outcome=outcome,
+        reward=reward,
+        turns=turns,
+        generated_tokens=2 * turns,
+        context_tokens=2 + 3 * turns,
+        last_seq=len(out) + 1,
     )
+    out.append((finished, t))
     return [_event(ep, data, seq, at) for seq, (data, at) in enumerate(out, start=1)]
 
 
@@ -259,14 +258,57 @@ def run_sync(
     return step_times, tails
 
 
-@dataclass
-class AsyncState:
-    slots: int
-    running: dict[str, Episode] = field(default_factory=dict)
-    ends: dict[str, float] = field(default_factory=dict)
-    episodes: dict[str, Episode] = field(default_factory=dict)
-    cut_resolved: int = 0
-    cut: int = 0
+class AsyncSim:
+    """Rollout slots kept busy; episodes end naturally or when the processor's deadline aborts them."""
+
+    def __init__(self, profile: WorkloadProfile, slots: int, group_size: int, deadline_s: float) -> None:
+        policy = PolicySettings(
+            group_size=group_size, max_staleness=-1, group_deadline_s=deadline_s, abort_grace_s=0.0
+        )
+        self.tracker = Tracker(StreamProcessor(policy))
+        self.profile, self.slots, self.group_size = profile, slots, group_size
+        self.source = attempts(profile, group_size, "async-")
+        self.heap: list[tuple[float, int, str]] = []
+        self.running: dict[str, Episode] = {}
+        self.episodes: dict[str, Episode] = {}
+        self.ends: dict[str, float] = {}
+        self.cut = self.cut_resolved = 0
+
+    def start(self, t: float) -> None:
+        while len(self.running) < self.slots:
+            group_id, attempt, plan = next(self.source)
+            ep = Episode(f"{group_id}/a{attempt}", group_id, attempt, plan, t)
+            self.running[ep.trajectory_id] = self.episodes[ep.trajectory_id] = ep
+            self.tracker.feed([started_event(ep, self.group_size, self.profile.turn_cap)], t)
+            heapq.heappush(self.heap, (ep.natural_end_s, len(self.episodes), ep.trajectory_id))
+
+    def finish(self, trajectory_id: str, t: float, aborted: bool) -> None:
+        ep = self.running.pop(trajectory_id, None)
+        if ep is None:
+            return  # already aborted: its natural end no longer happens
+        self.ends[trajectory_id] = t
+        if aborted:
+            self.cut += 1
+            self.cut_resolved += ep.plan.resolved
+        self.tracker.feed(rest_events(ep, t if aborted else None), t)
+
+    def run_until(self, groups: int, progress: Progress) -> None:
+        """Advance the clock (episode ends; a deadline tick each simulated second) until `groups` formed."""
+        task = progress.add_task("async: slots always busy, group deadline", total=groups)
+        self.start(0.0)
+        next_tick = 1.0
+        while len(self.tracker.formed) < groups:
+            if self.heap and self.heap[0][0] <= next_tick:
+                t, _, trajectory_id = heapq.heappop(self.heap)
+                self.finish(trajectory_id, t, aborted=False)
+            else:
+                t, next_tick = next_tick, next_tick + 1.0
+                self.tracker.tick(t)
+                while self.tracker.aborts:
+                    for trajectory_id in self.tracker.aborts.pop()[1]:
+                        self.finish(trajectory_id, t, aborted=True)
+            self.start(t)
+            progress.update(task, completed=len(self.tracker.formed))
 
 
 def run_async(
@@ -276,68 +318,31 @@ def run_async(
     steps: int,
     deadline_s: float,
     progress: Progress,
-) -> tuple[list[float], list[float], AsyncState]:
-    """Per step after the first: (time between step boundaries, tail share); slots always busy."""
-    policy = PolicySettings(
-        group_size=group_size, max_staleness=-1, group_deadline_s=deadline_s, abort_grace_s=0.0
-    )
-    tracker = Tracker(StreamProcessor(policy))
-    state = AsyncState(slots=groups_per_step * group_size)
-    source = attempts(profile, group_size, "async-")
-    heap: list[tuple[float, int, str]] = []
-    task = progress.add_task("async: slots always busy, group deadline", total=steps * groups_per_step)
-
-    def start(t: float) -> None:
-        while len(state.running) < state.slots:
-            group_id, attempt, plan = next(source)
-            ep = Episode(f"{group_id}/a{attempt}", group_id, attempt, plan, t)
-            state.running[ep.trajectory_id] = state.episodes[ep.trajectory_id] = ep
-            tracker.feed([started_event(ep, group_size, profile.turn_cap)], t)
-            heapq.heappush(heap, (ep.natural_end_s, len(state.episodes), ep.trajectory_id))
-
-    def finish(trajectory_id: str, t: float, aborted: bool) -> None:
-        ep = state.running.pop(trajectory_id, None)
-        if ep is None:
-            return
-        state.ends[trajectory_id] = t
-        if aborted:
-            state.cut += 1
-            state.cut_resolved += ep.plan.resolved
-        tracker.feed(rest_events(ep, t if aborted else None), t)
-
-    start(0.0)
-    t, next_tick = 0.0, 1.0
-    while len(tracker.formed) < steps * groups_per_step:
-        if heap and heap[0][0] <= next_tick:
-            t, _, trajectory_id = heapq.heappop(heap)
-            finish(trajectory_id, t, aborted=False)
-        else:
-            t, next_tick = next_tick, next_tick + 1.0
-            tracker.tick(t)
-            while tracker.aborts:
-                _, ids = tracker.aborts.pop()
-                for trajectory_id in ids:
-                    finish(trajectory_id, t, aborted=True)
-        start(t)
-        progress.update(task, completed=len(tracker.formed))
-    return _async_steps(tracker, state, groups_per_step)
+) -> tuple[list[float], list[float], AsyncSim]:
+    """Per step after the first: (time between step boundaries, tail share)."""
+    sim = AsyncSim(profile, groups_per_step * group_size, group_size, deadline_s)
+    sim.run_until(steps * groups_per_step, progress)
+    return _async_steps(sim, groups_per_step)
 
 
-def _async_steps(
-    tracker: Tracker, state: AsyncState, per_step: int
-) -> tuple[list[float], list[float], AsyncState]:
+def _async_steps(sim: AsyncSim, per_step: int) -> tuple[list[float], list[float], AsyncSim]:
+    """Step times and tail shares from the groups formed, every `per_step` groups one step."""
     members: dict[str, list[Episode]] = {}
-    for ep in state.episodes.values():
-        if ep.trajectory_id in state.ends:
+    for ep in sim.episodes.values():
+        if ep.trajectory_id in sim.ends:
             members.setdefault(ep.group_id, []).append(ep)
-    boundaries = [tracker.formed[i][0] for i in range(per_step - 1, len(tracker.formed), per_step)]
+    formed = sim.tracker.formed
+    boundaries = [formed[i][0] for i in range(per_step - 1, len(formed), per_step)]
     step_times = [b - a for a, b in itertools.pairwise(boundaries)]
     tails = []
     for k in range(1, len(boundaries)):
-        consumed = tracker.formed[k * per_step : (k + 1) * per_step]
-        episodes = [ep for _, group_id in consumed for ep in members.get(group_id, [])]
-        tails.append(step_tail_share(episodes, state.ends, boundaries[k]))
-    return step_times, tails, state
+        episodes = [
+            ep
+            for _, group_id in formed[k * per_step : (k + 1) * per_step]
+            for ep in members.get(group_id, [])
+        ]
+        tails.append(step_tail_share(episodes, sim.ends, boundaries[k]))
+    return step_times, tails, sim
 
 
 def command(
@@ -350,13 +355,13 @@ def command(
     profile = WorkloadProfile()
     with Progress(console=console) as progress:
         sync_steps, sync_tails = run_sync(profile, groups_per_step, group_size, steps, progress)
-        async_steps, async_tails, state = run_async(
+        async_steps, async_tails, sim = run_async(
             profile, groups_per_step, group_size, steps + 1, deadline_s, progress
         )
     sync_step, async_step = sum(sync_steps) / len(sync_steps), sum(async_steps) / len(async_steps)
     console.print(
-        f"{groups_per_step} groups x {group_size} per step, {len(state.episodes)} async episodes; deadline "
-        f"{deadline_s:.0f}s cut {state.cut} episodes, {state.cut_resolved} of which would have resolved"
+        f"{groups_per_step} groups x {group_size} per step, {len(sim.episodes)} async episodes; deadline "
+        f"{deadline_s:.0f}s cut {sim.cut} episodes, {sim.cut_resolved} of which would have resolved"
     )
     print(
         json.dumps(
@@ -367,8 +372,8 @@ def command(
                 "async_step_s": round(async_step, 2),
                 "ratio": round(sync_step / async_step, 3),
                 "deadline_s": deadline_s,
-                "deadline_cut_share": round(state.cut / max(1, len(state.ends)), 4),
-                "deadline_cut_resolved": state.cut_resolved,
+                "deadline_cut_share": round(sim.cut / max(1, len(sim.ends)), 4),
+                "deadline_cut_resolved": sim.cut_resolved,
             }
         )
     )

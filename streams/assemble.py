@@ -220,6 +220,48 @@ class _Times:
         elif isinstance(data, TestsRan):
             self.tests_s += data.duration_s
 
+    def breakdown(self, agent_install_s: float, total_s: float) -> TimeBreakdown:
+        return TimeBreakdown(
+            llm_s=self.llm_s,
+            tool_s=self.tool_s,
+            sandbox_start_s=self.sandbox_start_s,
+            agent_install_s=agent_install_s,
+            tests_s=self.tests_s,
+            queue_s=self.queue_s,
+            total_s=max(0.0, total_s),
+        )
+
+
+@dataclass
+class _Turns:
+    """The turns folded so far: token arrays, per-turn records and the versions of output tokens."""
+
+    trajectory_id: str | None
+    arrays: _Arrays = field(default_factory=_Arrays)
+    records: list[TurnRecord] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    def add(self, data: object) -> None:
+        if isinstance(data, TurnGenerated):
+            if data.turn != len(self.records) + 1:
+                raise MalformedTrajectory(
+                    self.trajectory_id, f"turn {data.turn} follows turn {len(self.records)}"
+                )
+            observation_start = len(self.arrays.token_ids)
+            self.arrays.add_context(data.observation_token_ids)
+            output_start = len(self.arrays.token_ids)
+            self.arrays.add_output(data)
+            self.versions += data.output_versions or [data.weight_version]
+            end = len(self.arrays.token_ids)
+            self.records.append(
+                TurnRecord(data.turn, observation_start, output_start, end, None, None, data.finish_reason)
+            )
+        elif isinstance(data, ToolExecuted) and self.records and self.records[-1].turn == data.turn:
+            last = self.records[-1]
+            self.records[-1] = TurnRecord(
+                **{**last.__dict__, "command": data.command, "tool_output": data.output}
+            )
+
 
 def _build(events: list[Event]) -> Trajectory:
     """Fold a complete, gap-free, validated list of events (seq 0..last)."""
@@ -227,49 +269,12 @@ def _build(events: list[Event]) -> Trajectory:
     started, finished = start.data, end.data
     if not isinstance(started, TrajectoryStarted) or not isinstance(finished, TrajectoryFinished):
         raise MalformedTrajectory(start.trajectory_id, "seq 0 must be trajectory.started")
-    arrays, times = _Arrays(), _Times()
-    arrays.add_context(started.prompt_token_ids)
-    records: list[TurnRecord] = []
-    turn_versions: list[int] = []
+    turns, times = _Turns(start.trajectory_id), _Times()
+    turns.arrays.add_context(started.prompt_token_ids)
     for event in events[1:-1]:
         times.add(event)
-        data = event.data
-        if isinstance(data, TurnGenerated):
-            if data.turn != len(records) + 1:
-                raise MalformedTrajectory(
-                    start.trajectory_id, f"turn {data.turn} follows turn {len(records)}"
-                )
-            observation_start = len(arrays.token_ids)
-            arrays.add_context(data.observation_token_ids)
-            output_start = len(arrays.token_ids)
-            arrays.add_output(data)
-            turn_versions += data.output_versions or [data.weight_version]
-            records.append(
-                TurnRecord(
-                    data.turn,
-                    observation_start,
-                    output_start,
-                    len(arrays.token_ids),
-                    None,
-                    None,
-                    data.finish_reason,
-                )
-            )
-        elif isinstance(data, ToolExecuted) and records and records[-1].turn == data.turn:
-            records[-1] = TurnRecord(
-                **{**records[-1].__dict__, "command": data.command, "tool_output": data.output}
-            )
-    total_s = max(0.0, (end.time_ns - start.time_ns) / 1e9)
-    breakdown = TimeBreakdown(
-        llm_s=times.llm_s,
-        tool_s=times.tool_s,
-        sandbox_start_s=times.sandbox_start_s,
-        agent_install_s=finished.times.agent_install_s,
-        tests_s=times.tests_s,
-        queue_s=times.queue_s,
-        total_s=total_s,
-    )
-    reward = None if finished.outcome.is_infra_error else finished.reward
+        turns.add(event.data)
+    arrays = turns.arrays
     return Trajectory(
         run_id=start.run_id,
         group_id=start.group_id or "",
@@ -280,20 +285,20 @@ def _build(events: list[Event]) -> Trajectory:
         group_size=started.group_size,
         limits=started.limits,
         outcome=finished.outcome,
-        reward=reward,
+        reward=None if finished.outcome.is_infra_error else finished.reward,
         error=finished.error,
         token_ids=arrays.token_ids,
         loss_mask=arrays.loss_mask,
         rollout_logprobs=arrays.logprobs,
         token_versions=arrays.versions,
         prompt_tokens=len(started.prompt_token_ids),
-        turns=len(records),
+        turns=len(turns.records),
         generated_tokens=sum(arrays.loss_mask),
         context_tokens=len(arrays.token_ids),
-        times=breakdown,
+        times=times.breakdown(finished.times.agent_install_s, (end.time_ns - start.time_ns) / 1e9),
         started_ns=start.time_ns,
         finished_ns=end.time_ns,
-        oldest_version=min(turn_versions, default=start.policy_version),
-        newest_version=max(turn_versions, default=start.policy_version),
-        turn_records=tuple(records),
+        oldest_version=min(turns.versions, default=start.policy_version),
+        newest_version=max(turns.versions, default=start.policy_version),
+        turn_records=tuple(turns.records),
     )

@@ -123,50 +123,47 @@ def form_group(
     members, rewards, masked = _apply_overlong([t for t in counted if t.is_scored], policy)
     oldest = min((t.oldest_version for t in members), default=latest_version)
     latest = max([latest_version, *(t.newest_version for t in members)])
-    finished_ns = max(t.finished_ns for t in trajectories)
+    common = {
+        "run_id": first.run_id,
+        "group_id": first.group_id,
+        "task_id": first.task_id,
+        "members": tuple(members),
+        "rewards": tuple(rewards),
+        "infra_errors": infra_errors,
+        "oldest_version": oldest,
+        "latest_version": latest,
+        "finished_ns": max(t.finished_ns for t in trajectories),
+        "policy": policy,
+    }
+    dropped = _drop_reason(len(members), len(counted), infra_errors, rewards, oldest, latest, policy)
+    if dropped is not None:
+        return Drop(reason=dropped[0], detail=dropped[1], **common)
+    return Group(advantages=tuple(advantages(rewards, policy)), loss_masked=tuple(masked), **common)
 
-    def drop(reason: str, detail: str) -> Drop:
-        return Drop(
-            first.run_id,
-            first.group_id,
-            first.task_id,
-            reason,
-            detail,
-            tuple(members),
-            tuple(rewards),
-            infra_errors,
-            oldest,
-            latest,
-            finished_ns,
-            policy,
-        )
 
-    if len(members) < policy.min_valid_attempts:
-        return drop(
-            "too_few_valid",
-            f"{len(members)} valid of {len(counted)} attempts ({infra_errors} infra errors), "
-            f"min_valid_attempts={policy.min_valid_attempts}",
+def _drop_reason(
+    valid: int,
+    attempts: int,
+    infra_errors: int,
+    rewards: list[float],
+    oldest: int,
+    latest: int,
+    policy: PolicySettings,
+) -> tuple[str, str] | None:
+    """(reason, detail) when the group is dropped, checked in order: too few valid, stale, zero variance."""
+    if valid < policy.min_valid_attempts:
+        return "too_few_valid", (
+            f"{valid} valid of {attempts} attempts ({infra_errors} infra errors), "
+            f"min_valid_attempts={policy.min_valid_attempts}"
         )
     if policy.max_staleness >= 0 and latest - oldest > policy.max_staleness:
-        return drop(
-            "stale", f"oldest token version {oldest}, latest {latest}, max_staleness={policy.max_staleness}"
+        return (
+            "stale",
+            f"oldest token version {oldest}, latest {latest}, max_staleness={policy.max_staleness}",
         )
     if policy.drop_zero_variance and len(set(rewards)) == 1:
-        return drop("zero_variance", f"every valid attempt has reward {rewards[0]}")
-    return Group(
-        first.run_id,
-        first.group_id,
-        first.task_id,
-        tuple(members),
-        tuple(rewards),
-        tuple(advantages(rewards, policy)),
-        tuple(masked),
-        infra_errors,
-        oldest,
-        latest,
-        finished_ns,
-        policy,
-    )
+        return "zero_variance", f"every valid attempt has reward {rewards[0]}"
+    return None
 
 
 def _apply_overlong(

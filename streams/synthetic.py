@@ -66,18 +66,16 @@ def trajectory_events(
 ) -> list[Event]:
     """The events of one episode, in seq order."""
     trajectory_id = trajectory_id_of(group_id, spec.attempt, spec.retry)
-    rng = random.Random(trajectory_id)
-    clock = [t0_ns + int(spec.start_s * NS)]
-    events: list[Event] = []
-
-    def emit(data: Payload, advance_s: float = 0.0) -> None:
-        clock[0] += int(advance_s * NS)
+    time_ns = t0_ns + int(spec.start_s * NS)
+    events = []
+    for seq, (data, advance_s) in enumerate(_payloads(spec, trajectory_id, limits or Limits())):
+        time_ns += int(advance_s * NS)
         events.append(
             make_event(
                 data,
                 run_id=run_id,
-                seq=len(events),
-                time_ns=clock[0],
+                seq=seq,
+                time_ns=time_ns,
                 source=source,
                 group_id=group_id,
                 trajectory_id=trajectory_id,
@@ -85,79 +83,83 @@ def trajectory_events(
                 policy_version=spec.version,
             )
         )
+    return events
 
+
+def _payloads(spec: AttemptSpec, trajectory_id: str, limits: Limits) -> list[tuple[Payload, float]]:
+    """(payload, seconds since the previous event) of each event of the episode."""
+    rng = random.Random(trajectory_id)
     prompt = [rng.randrange(VOCAB) for _ in range(12)]
-    emit(
-        TrajectoryStarted(
-            attempt=spec.attempt,
-            retry=spec.retry,
-            group_size=spec.group_size,
-            limits=limits or Limits(),
-            prompt_token_ids=prompt,
-        )
-    )
-    emit(SandboxRequested(backend="simulated"))
-    if spec.outcome.is_infra_error and spec.outcome != Outcome.INFRA_VERIFIER:
-        emit(
-            SandboxFailed(
-                backend="simulated", error_kind=spec.outcome.value.split(":")[1], message="simulated failure"
+    out: list[tuple[Payload, float]] = [
+        (
+            TrajectoryStarted(
+                attempt=spec.attempt,
+                retry=spec.retry,
+                group_size=spec.group_size,
+                limits=limits,
+                prompt_token_ids=prompt,
             ),
-            0.5,
+            0.0,
+        ),
+        (SandboxRequested(backend="simulated"), 0.0),
+    ]
+    if spec.outcome.is_infra_error and spec.outcome != Outcome.INFRA_VERIFIER:
+        kind = spec.outcome.value.split(":")[1]
+        out.append((SandboxFailed(backend="simulated", error_kind=kind, message="simulated failure"), 0.5))
+        out.append((_finished(spec, len(out), turns=0, generated=0, context=len(prompt)), 0.0))
+        return out
+    sandbox = f"sb-{trajectory_id}"
+    out.append((SandboxReady(backend="simulated", sandbox_id=sandbox, queue_wait_s=0.1, start_s=0.4), 0.5))
+    turns = _turn_payloads(spec, rng, len(prompt))
+    out += turns
+    if spec.outcome != Outcome.INFRA_VERIFIER:
+        tests = TestsRan(
+            fail_to_pass={"test_fix": spec.outcome == Outcome.RESOLVED},
+            pass_to_pass={"test_old": True},
+            duration_s=0.2,
+            reward=spec.reward or 0.0,
         )
-        emit(_finished(spec, len(events), turns=0, generated=0, context=len(prompt)))
-        return events
-    emit(
-        SandboxReady(backend="simulated", sandbox_id=f"sb-{trajectory_id}", queue_wait_s=0.1, start_s=0.4),
-        0.5,
-    )
-    context, generated = len(prompt), 0
+        out.append((tests, 0.2))
+    out.append((SandboxReleased(backend="simulated", sandbox_id=sandbox, lifetime_s=1.0), 0.0))
+    outputs = [t for t, _ in turns if isinstance(t, TurnGenerated)]
+    context = outputs[-1].context_tokens if outputs else len(prompt)
+    generated = sum(len(t.output_token_ids) for t in outputs)
+    out.append((_finished(spec, len(out), turns=spec.turns, generated=generated, context=context), 0.0))
+    return out
+
+
+def _turn_payloads(spec: AttemptSpec, rng: random.Random, context: int) -> list[tuple[Payload, float]]:
+    """Each turn's `turn.generated` (70% of the turn time) and `tool.executed` (30%)."""
+    out: list[tuple[Payload, float]] = []
+    llm_s, tool_s = spec.turn_s * 0.7, spec.turn_s * 0.3
     for turn in range(1, spec.turns + 1):
         observation = [] if turn == 1 else [rng.randrange(VOCAB) for _ in range(spec.observation_tokens)]
         output = [rng.randrange(VOCAB) for _ in range(spec.output_tokens)]
         context += len(observation) + len(output)
-        generated += len(output)
-        emit(
-            TurnGenerated(
-                turn=turn,
-                observation_token_ids=observation,
-                output_token_ids=output,
-                output_logprobs=[-rng.random() for _ in output],
-                output_versions=[spec.version] * len(output),
-                finish_reason="stop",
-                engine_id="engine-0",
-                weight_version=spec.version,
-                context_tokens=context,
-                queue_wait_s=0.01,
-                latency_s=spec.turn_s * 0.7,
-            ),
-            spec.turn_s * 0.7,
+        generated = TurnGenerated(
+            turn=turn,
+            observation_token_ids=observation,
+            output_token_ids=output,
+            output_logprobs=[-rng.random() for _ in output],
+            output_versions=[spec.version] * len(output),
+            finish_reason="stop",
+            engine_id="engine-0",
+            weight_version=spec.version,
+            context_tokens=context,
+            queue_wait_s=0.01,
+            latency_s=llm_s,
         )
-        emit(
-            ToolExecuted(
-                turn=turn,
-                command=f"ls step{turn}",
-                exit_code=0,
-                output=f"file{turn}.py\n",
-                output_bytes=12,
-                truncated=False,
-                duration_s=spec.turn_s * 0.3,
-            ),
-            spec.turn_s * 0.3,
+        tool = ToolExecuted(
+            turn=turn,
+            command=f"ls step{turn}",
+            exit_code=0,
+            output=f"file{turn}.py\n",
+            output_bytes=12,
+            truncated=False,
+            duration_s=tool_s,
         )
-    if spec.outcome != Outcome.INFRA_VERIFIER:
-        passed = spec.outcome == Outcome.RESOLVED
-        emit(
-            TestsRan(
-                fail_to_pass={"test_fix": passed},
-                pass_to_pass={"test_old": True},
-                duration_s=0.2,
-                reward=spec.reward or 0.0,
-            ),
-            0.2,
-        )
-    emit(SandboxReleased(backend="simulated", sandbox_id=f"sb-{trajectory_id}", lifetime_s=1.0))
-    emit(_finished(spec, len(events), turns=spec.turns, generated=generated, context=context))
-    return events
+        out += [(generated, llm_s), (tool, tool_s)]
+    return out
 
 
 def _finished(spec: AttemptSpec, seq: int, *, turns: int, generated: int, context: int) -> TrajectoryFinished:

@@ -13,9 +13,9 @@ def test_async_with_deadline_beats_sync_steps() -> None:
     profile = WorkloadProfile()
     with Progress(console=Console(quiet=True)) as progress:
         sync_steps, sync_tails = run_sync(profile, 4, 8, 2, progress)
-        async_steps, async_tails, state = run_async(profile, 4, 8, 3, 150.0, progress)
+        async_steps, async_tails, sim = run_async(profile, 4, 8, 3, 150.0, progress)
     assert len(sync_steps) == 2 and len(async_steps) == 2
-    assert state.cut > 0  # the deadline's aborts reached the simulated rollout side
+    assert sim.cut > 0  # the deadline's aborts reached the simulated rollout side
     assert all(s > 300 for s in sync_steps)  # a sync step waits for the 80-turn episodes
     assert max(async_steps) < min(sync_steps) / 2
     assert all(0 <= share < 1 for share in sync_tails + async_tails)
