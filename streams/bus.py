@@ -24,7 +24,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
@@ -55,10 +55,12 @@ class Consumed:
     offset: int
 
 
-@dataclass
+@dataclass(eq=False)
 class _OpenBatch:
     builder: BatchBuilder
     opened: float
+    handed_over: asyncio.Event = field(default_factory=asyncio.Event)
+    delivery: asyncio.Future[Any] | None = None  # set once aiokafka has the batch
 
 
 class EventProducer:
@@ -83,6 +85,7 @@ class EventProducer:
         self._sticky: dict[str, int] = {}
         self._key_partitions: dict[str, dict[bytes, int]] = {}
         self._open: dict[tuple[str, int], _OpenBatch] = {}
+        self._handing: set[_OpenBatch] = set()
         self._inflight: set[asyncio.Future[Any]] = set()
         self._error: BaseException | None = None
         self._linger_task: asyncio.Task[None] | None = None
@@ -111,10 +114,12 @@ class EventProducer:
 
     async def send_and_wait(self, short_topic: str, event: Event) -> None:
         """Send `event` and return once the broker has acked it."""
-        tp = await self._append(short_topic, encode_event(event), event.key)
-        future = await self._submit(tp)
-        if future is not None:
-            await future
+        tp, batch = await self._append(short_topic, encode_event(event), event.key)
+        if self._open.get(tp) is batch:
+            await self._submit(tp)
+        await batch.handed_over.wait()  # the linger loop may be handing it over right now
+        if batch.delivery is not None:
+            await asyncio.gather(batch.delivery, return_exceptions=True)
         self._raise_error()
 
     async def send_raw(self, short_topic: str, value: bytes, key: bytes | None = None) -> None:
@@ -125,11 +130,15 @@ class EventProducer:
         """Wait until every record sent so far is acked; raise the first delivery error."""
         for tp in list(self._open):
             await self._submit(tp)
+        for batch in list(self._handing):  # being handed over by the linger loop
+            await batch.handed_over.wait()
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
         self._raise_error()
 
-    async def _append(self, short_topic: str, value: bytes, key: bytes | None) -> tuple[str, int]:
+    async def _append(
+        self, short_topic: str, value: bytes, key: bytes | None
+    ) -> tuple[tuple[str, int], _OpenBatch]:
         self._raise_error()
         if len(value) > self._kafka.max_request_size:
             raise MessageSizeTooLargeError(
@@ -148,7 +157,7 @@ class EventProducer:
                 raise BusError(f"record of {len(value)} bytes does not fit an empty batch of {topic}")
         if batch.builder.record_count() >= self._kafka.producer_batch_records:
             await self._submit(tp)
-        return tp
+        return tp, batch
 
     async def _partition(self, topic: str, key: bytes | None) -> int:
         partitions = self._partitions.get(topic)
@@ -167,18 +176,24 @@ class EventProducer:
             partition = cache[key] = int(self._partitioner(key, partitions, partitions))
         return partition
 
-    async def _submit(self, tp: tuple[str, int]) -> asyncio.Future[Any] | None:
+    async def _submit(self, tp: tuple[str, int]) -> None:
+        """Hand the open batch of `tp` to aiokafka (waits while its queue for `tp` is full)."""
         batch = self._open.pop(tp, None)
-        if batch is None or batch.builder.record_count() == 0:
-            return None
+        if batch is None:
+            return
         topic, partition = tp
         if self._sticky.get(topic) == partition:  # keyless records move on to the next partition
             partitions = self._partitions[topic]
             self._sticky[topic] = partitions[(partitions.index(partition) + 1) % len(partitions)]
-        future = await self._producer.send_batch(batch.builder, topic, partition=partition)
-        self._inflight.add(future)
-        future.add_done_callback(self._delivered)
-        return future
+        self._handing.add(batch)
+        try:
+            if batch.builder.record_count():
+                batch.delivery = await self._producer.send_batch(batch.builder, topic, partition=partition)
+                self._inflight.add(batch.delivery)
+                batch.delivery.add_done_callback(self._delivered)
+        finally:
+            self._handing.discard(batch)
+            batch.handed_over.set()
 
     def _delivered(self, future: asyncio.Future[Any]) -> None:
         self._inflight.discard(future)
@@ -264,7 +279,8 @@ class EventConsumer:
         if self._deadletters is not None:
             await self._deadletters.flush()
         if offsets is None:
-            to_commit = dict(self._positions)
+            assigned = self.consumer.assignment()  # after a rebalance, revoked partitions are not ours
+            to_commit = {tp: offset for tp, offset in self._positions.items() if tp in assigned}
         else:
             to_commit = {
                 TopicPartition(topic_name(self._topics, short), partition): offset
@@ -279,9 +295,7 @@ class EventConsumer:
         event = dead_letter_event(record, reason, self.name)
         await self._deadletters.send("deadletter", event)
         self.dead_lettered += 1
-        logger.warning(
-            "dead-lettered %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason
-        )
+        logger.warning("dead-lettered %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason)
 
 
 def dead_letter_event(record: ConsumerRecord[bytes, bytes], reason: str, consumer: str) -> Event:
