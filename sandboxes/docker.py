@@ -69,8 +69,9 @@ def resolve_base_url(configured: str) -> str:
     for path in DEFAULT_SOCKETS:
         if Path(path).exists():
             return f"unix://{path}"
-    raise BackendUnavailableError(f"no docker API configured and none at {DEFAULT_SOCKETS}; {START_HINT}",
-                                  backend=BACKEND)
+    raise BackendUnavailableError(
+        f"no docker API configured, none at {', '.join(DEFAULT_SOCKETS)}; {START_HINT}", backend=BACKEND
+    )
 
 
 def owner_label() -> str:
@@ -145,8 +146,9 @@ class DockerSandboxFactory:
             if docker.network == "shared-internal":
                 await api.ensure_network(docker.network_name, {docker.label: "1"})
         except (DockerUnreachableError, DockerApiError) as error:
-            raise BackendUnavailableError(f"docker API at {base_url}: {error}; {START_HINT}",
-                                          backend=BACKEND) from None
+            raise BackendUnavailableError(
+                f"docker API at {base_url}: {error}; {START_HINT}", backend=BACKEND
+            ) from None
         return api
 
     async def _remove_leaked(self, api: DockerApi) -> None:
@@ -267,8 +269,9 @@ class DockerSandbox:
             await api.start_container(self.container_id)
         except (DockerApiError, DockerUnreachableError) as error:
             await self._remove_quietly()
-            raise SandboxStartError(f"container for {self.image} did not start: {error}",
-                                    backend=BACKEND) from None
+            raise SandboxStartError(
+                f"container for {self.image} did not start: {error}", backend=BACKEND
+            ) from None
         self.timings.start_s = time.monotonic() - began
         self.timings.ready_at = time.time()
 
@@ -302,13 +305,18 @@ class DockerSandbox:
         try:
             async with asyncio.timeout(limit + self._docker.exec_grace_s):
                 code = await api.exec_run(
-                    self.container_id, argv, env=env_list, workdir=cwd or self._docker.workdir,
-                    output=output, timeout_s=limit + self._docker.exec_grace_s,
+                    self.container_id,
+                    argv,
+                    env=env_list,
+                    workdir=cwd or self._docker.workdir,
+                    output=output,
+                    timeout_s=limit + self._docker.exec_grace_s,
                 )
         except TimeoutError as error:
             raise SandboxTimeoutError(
                 f"sandbox {self.id} did not answer within {limit + self._docker.exec_grace_s:.0f}s "
-                f"(command timeout {limit:.0f}s + exec_grace_s)", backend=BACKEND,
+                f"(command timeout {limit:.0f}s + exec_grace_s)",
+                backend=BACKEND,
             ) from error
         except (DockerApiError, DockerUnreachableError) as error:
             raise await self._lost(error) from None
@@ -355,19 +363,28 @@ class DockerSandbox:
     def _require_running(self) -> DockerApi:
         api = self._factory.connected_api
         if self._stopped or not self.container_id or api is None:
-            raise SandboxLostError(f"sandbox {self.id} is not running (never started or stopped)",
-                                   backend=BACKEND)
+            raise SandboxLostError(
+                f"sandbox {self.id} is not running (never started or stopped)", backend=BACKEND
+            )
         return api
 
-    async def _is_running(self) -> bool:
+    async def _state(self) -> str:
+        """`running`, `paused` (frozen: answers nothing) or `gone`."""
         try:
             info = await self._require_running().inspect_container(self.container_id)
         except (DockerApiError, DockerUnreachableError, SandboxLostError):
-            return False
-        return bool(info.get("State", {}).get("Running"))
+            return "gone"
+        state = info.get("State", {})
+        return "paused" if state.get("Paused") else "running" if state.get("Running") else "gone"
 
-    async def _lost(self, error: Exception) -> SandboxLostError:
-        state = "running" if await self._is_running() else "gone"
+    async def _is_running(self) -> bool:
+        return await self._state() == "running"
+
+    async def _lost(self, error: Exception) -> SandboxLostError | SandboxTimeoutError:
+        state = await self._state()
+        if state == "paused":
+            message = f"sandbox {self.id} is paused and answers nothing: {error}"
+            return SandboxTimeoutError(message, backend=BACKEND)
         return SandboxLostError(f"sandbox {self.id} ({state}): {error}", backend=BACKEND)
 
     async def _remove_quietly(self) -> None:

@@ -169,8 +169,14 @@ class DockerApi:
                 raise
 
     async def exec_run(
-        self, container_id: str, argv: list[str], *, env: list[str], workdir: str | None,
-        output: OutputCollector, timeout_s: float,
+        self,
+        container_id: str,
+        argv: list[str],
+        *,
+        env: list[str],
+        workdir: str | None,
+        output: OutputCollector,
+        timeout_s: float,
     ) -> int | None:
         """Run `argv` in the container, feed its output to `output`, return its exit code."""
         body: dict[str, Any] = {"Cmd": argv, "AttachStdout": True, "AttachStderr": True, "Env": env}

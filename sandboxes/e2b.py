@@ -270,8 +270,9 @@ class E2BSandbox:
 
     def _require_running(self) -> AsyncSandbox:
         if self._stopped or self._sandbox is None:
-            raise SandboxLostError(f"sandbox {self.id} is not running (never started or stopped)",
-                                   backend=BACKEND)
+            raise SandboxLostError(
+                f"sandbox {self.id} is not running (never started or stopped)", backend=BACKEND
+            )
         return self._sandbox
 
     def _mapped(self, error: BaseException, stage: Stage) -> SandboxError:

@@ -3,6 +3,7 @@ isolation, labels and leak cleanup, file transfer, and typed infrastructure erro
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ from sandboxes.base import (
     BackendUnavailableError,
     SandboxLostError,
     SandboxStartError,
+    SandboxTimeoutError,
 )
 from sandboxes.docker import DockerSandbox, DockerSandboxFactory
 from sandboxes.docker_api import DockerApi, DockerApiError
@@ -185,6 +187,23 @@ async def test_stop_removes_the_container_and_a_vanished_one_is_lost(
     with pytest.raises(SandboxLostError):
         await other.exec("true")
     await other.stop()
+
+
+async def test_a_frozen_sandbox_is_a_timeout_not_a_result(
+    make_factory: Callable[..., DockerSandboxFactory], raw_api: DockerApi
+) -> None:
+    box = make_factory(docker={"exec_grace_s": 2.0}).create(None)
+    await box.start()
+    running = asyncio.create_task(box.exec("sleep 0.5; echo done", timeout=1))
+    await asyncio.sleep(0.2)
+    await raw_api.request("POST", f"/containers/{box.container_id}/pause")
+    with pytest.raises(SandboxTimeoutError):  # whether the exec was under way or not yet created
+        await running
+    with pytest.raises(SandboxTimeoutError):
+        await box.exec("echo hello", timeout=1)
+    await raw_api.request("POST", f"/containers/{box.container_id}/unpause")
+    assert (await box.exec("echo thawed", timeout=30)).stdout == "thawed\n"
+    await box.stop()
 
 
 async def test_missing_api_socket_is_a_typed_start_error(tmp_path: Path) -> None:
