@@ -155,8 +155,10 @@ def up(config: ConfigPath = None, overrides: Overrides = None) -> None:
 def image(config: ConfigPath = None, overrides: Overrides = None) -> None:
     """Start the service and build/import the sandbox image when it is missing."""
     report = _run(ensure_image, read_config(config, overrides))
-    print(f"{report.image}: built={report.built} imported={report.imported} "
-          f"build_s={report.build_s:.1f} import_s={report.import_s:.1f}")
+    print(
+        f"{report.image}: built={report.built} imported={report.imported} "
+        f"build_s={report.build_s:.1f} import_s={report.import_s:.1f}"
+    )
 
 
 @app.command(name="down")

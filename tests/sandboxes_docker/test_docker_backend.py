@@ -24,8 +24,9 @@ PROCESS_LIST = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null;
 
 
 async def test_exec_results_env_cwd_and_workspace(box: DockerSandbox) -> None:
-    result = await box.exec("python3 hello.py; cat pkg/data.txt; echo oops >&2; pwd; echo $GREETING",
-                            env={"GREETING": "hi there"})
+    result = await box.exec(
+        "python3 hello.py; cat pkg/data.txt; echo oops >&2; pwd; echo $GREETING", env={"GREETING": "hi there"}
+    )
     assert result.exit_code == 0 and result.ok
     assert result.stdout.split("\n")[:4] == ["hello from the workspace", "42", "/workspace", "hi there"]
     assert result.stderr == "oops\n"

@@ -74,8 +74,14 @@ async def test_failed_start_is_typed_and_never_shows_the_key(
     with pytest.raises(SandboxStartError) as raised:  # the API's domain does not resolve
         await box.start()
     error = raised.value
-    shown = [str(error), repr(error), repr(box), repr(factory), caplog.text,
-             "".join(traceback.format_exception(error))]
+    shown = [
+        str(error),
+        repr(error),
+        repr(box),
+        repr(factory),
+        caplog.text,
+        "".join(traceback.format_exception(error)),
+    ]
     assert all(SECRET not in text for text in shown)
     assert isinstance(error, BackendUnavailableError) and "cannot reach E2B" in str(error)
     with pytest.raises(SandboxLostError):
@@ -111,8 +117,9 @@ def test_sdk_errors_map_to_typed_sandbox_errors(error: Exception, stage: str, ex
 
 
 def test_command_results_map_to_exec_results() -> None:
-    ok = to_exec_result(CommandResult(stderr="", stdout="out\n", exit_code=0, error=None),
-                        OutputCollector(1000), 0.5, 60)
+    ok = to_exec_result(
+        CommandResult(stderr="", stdout="out\n", exit_code=0, error=None), OutputCollector(1000), 0.5, 60
+    )
     assert (ok.exit_code, ok.stdout, ok.ok, ok.output_bytes) == (0, "out\n", True, 4)
 
     failed = CommandExitException(stderr="boom\n", stdout="", exit_code=2, error=None)
