@@ -101,6 +101,12 @@ class DockerSandboxFactory:
     backend = BACKEND
 
     def __init__(self, settings: SandboxSettings, *, run_id: str = "") -> None:
+        if settings.docker.api_connections < settings.pool.max_running:
+            raise ValueError(
+                f"sandbox.docker.api_connections ({settings.docker.api_connections}) is below "
+                f"sandbox.pool.max_running ({settings.pool.max_running}): every running exec holds one "
+                "connection, so execs would queue on a hidden cap; raise api_connections"
+            )
         self.settings = settings
         self.run_id = run_id
         self.owner = owner_label()

@@ -33,6 +33,7 @@ class PoolSettings(Frozen):
     starts_per_s: float = Field(default=0.0, description="0 = unlimited")
     image_pulls_per_h: int = Field(default=100, description="docker: pulls allowed per hour")
     warm_pool: int = Field(default=0, description="sandboxes started ahead for the next episodes")
+    warm_starting: int = Field(default=8, description="warm refills in flight (so handoffs keep the CPU)")
     start_timeout_s: float = 60.0
 
 
@@ -59,6 +60,7 @@ class BwrapSettings(Frozen):
         "/etc/gitconfig",
     )
     server_grace_s: float = Field(default=10.0, description="extra wait for the exec server past a timeout")
+    copy_threads: int = Field(default=4, description="threads copying workspaces at warm handoff")
 
 
 class DockerSettings(Frozen):
@@ -77,7 +79,9 @@ class DockerSettings(Frozen):
     pull_missing: bool = Field(default=True, description="pull an image that is not there (counted, capped)")
     pull_timeout_s: float = 600.0
     api_timeout_s: float = Field(default=60.0, description="per API call (not per command)")
-    api_connections: int = Field(default=256, description="HTTP connections to the API, all sandboxes")
+    api_connections: int = Field(
+        default=1024, description="HTTP connections to the API; a running exec holds one (>= max_running)"
+    )
     exec_grace_s: float = Field(default=30.0, description="wait past a command's timeout before giving up")
     ulimit_nofile: int = Field(default=4096, description="open files per process (0 = engine default)")
     ulimit_nproc: int = Field(

@@ -214,6 +214,11 @@ async def test_missing_api_socket_is_a_typed_start_error(tmp_path: Path) -> None
         await box.start()
     assert "rollstream.launcher.podman up" in str(error.value) and error.value.kind == "sandbox_start"
 
+    with pytest.raises(ValueError, match="api_connections"):  # a cap below the pool's is refused
+        DockerSandboxFactory(
+            SandboxSettings.model_validate({"docker": {"api_connections": 8}, "pool": {"max_running": 64}})
+        )
+
     stale = tmp_path / "stale.sock"  # a socket file left behind by a service that died
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(str(stale))
