@@ -42,6 +42,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from bench.workload import EpisodePlan, WorkloadProfile, plan_episode
+from rollstream.commands.common import ConfigPath, Overrides, read_config
 from streams.events import Event, make_event
 from streams.outcomes import Outcome
 from streams.payloads import (
@@ -233,10 +234,11 @@ def attempts(
 
 
 def run_sync(
-    profile: WorkloadProfile, groups_per_step: int, group_size: int, steps: int, progress: Progress
+    profile: WorkloadProfile, policy: PolicySettings, groups_per_step: int, steps: int, progress: Progress
 ) -> tuple[list[float], list[float]]:
     """Per step: (makespan, tail share). Every step's episodes start together; no deadline."""
-    tracker = Tracker(StreamProcessor(PolicySettings(group_size=group_size, max_staleness=-1)))
+    tracker = Tracker(StreamProcessor(policy.model_copy(update={"group_deadline_s": 0.0})))
+    group_size = policy.group_size
     source = attempts(profile, group_size, "sync-")
     step_times, tails, t = [], [], 0.0
     task = progress.add_task("sync: each step waits for its batch", total=steps)
@@ -261,10 +263,8 @@ def run_sync(
 class AsyncSim:
     """Rollout slots kept busy; episodes end naturally or when the processor's deadline aborts them."""
 
-    def __init__(self, profile: WorkloadProfile, slots: int, group_size: int, deadline_s: float) -> None:
-        policy = PolicySettings(
-            group_size=group_size, max_staleness=-1, group_deadline_s=deadline_s, abort_grace_s=0.0
-        )
+    def __init__(self, profile: WorkloadProfile, policy: PolicySettings, slots: int) -> None:
+        group_size = policy.group_size
         self.tracker = Tracker(StreamProcessor(policy))
         self.profile, self.slots, self.group_size = profile, slots, group_size
         self.source = attempts(profile, group_size, "async-")
@@ -313,14 +313,16 @@ class AsyncSim:
 
 def run_async(
     profile: WorkloadProfile,
+    policy: PolicySettings,
     groups_per_step: int,
-    group_size: int,
     steps: int,
     deadline_s: float,
     progress: Progress,
 ) -> tuple[list[float], list[float], AsyncSim]:
     """Per step after the first: (time between step boundaries, tail share)."""
-    sim = AsyncSim(profile, groups_per_step * group_size, group_size, deadline_s)
+    # aborted episodes end at the abort in this simulation, so no grace is needed
+    policy = policy.model_copy(update={"group_deadline_s": deadline_s, "abort_grace_s": 0.0})
+    sim = AsyncSim(profile, policy, groups_per_step * policy.group_size)
     sim.run_until(steps * groups_per_step, progress)
     return _async_steps(sim, groups_per_step)
 
@@ -350,13 +352,18 @@ def command(
     group_size: int = typer.Option(8, "--group-size"),
     steps: int = typer.Option(6, "--steps"),
     deadline_s: float = typer.Option(150.0, "--deadline-s", help="group deadline, workload seconds"),
+    config: ConfigPath = None,
+    overrides: Overrides = None,
 ) -> None:
     """Tail share and step time: synchronous steps vs asynchronous with the group deadline (simulated)."""
+    cfg = read_config(config, overrides)
+    # the config's policies, with this run's group size; versions never advance here, so no staleness
+    policy = cfg.policy.model_copy(update={"group_size": group_size, "max_staleness": -1})
     profile = WorkloadProfile()
     with Progress(console=console) as progress:
-        sync_steps, sync_tails = run_sync(profile, groups_per_step, group_size, steps, progress)
+        sync_steps, sync_tails = run_sync(profile, policy, groups_per_step, steps, progress)
         async_steps, async_tails, sim = run_async(
-            profile, groups_per_step, group_size, steps + 1, deadline_s, progress
+            profile, policy, groups_per_step, steps + 1, deadline_s, progress
         )
     sync_step, async_step = sum(sync_steps) / len(sync_steps), sum(async_steps) / len(async_steps)
     console.print(

@@ -7,13 +7,16 @@ from rich.progress import Progress
 
 from bench.tail import run_async, run_sync
 from bench.workload import WorkloadProfile
+from streams.settings import PolicySettings
+
+POLICY = PolicySettings(group_size=8, max_staleness=-1)
 
 
 def test_async_with_deadline_beats_sync_steps() -> None:
     profile = WorkloadProfile()
     with Progress(console=Console(quiet=True)) as progress:
-        sync_steps, sync_tails = run_sync(profile, 4, 8, 2, progress)
-        async_steps, async_tails, sim = run_async(profile, 4, 8, 3, 150.0, progress)
+        sync_steps, sync_tails = run_sync(profile, POLICY, 4, 2, progress)
+        async_steps, async_tails, sim = run_async(profile, POLICY, 4, 3, 150.0, progress)
     assert len(sync_steps) == 2 and len(async_steps) == 2
     assert sim.cut > 0  # the deadline's aborts reached the simulated rollout side
     assert all(s > 300 for s in sync_steps)  # a sync step waits for the 80-turn episodes
