@@ -12,6 +12,9 @@ Contract:
   RLIMIT_CPU, and per command a wall-clock timeout run *inside* the container
   (`timeout -s KILL`, which kills the command's whole process group) plus a host-side
   deadline `exec_grace_s` later, past which the sandbox counts as not answering.
+  Processes a command leaves running after it exits (`cmd &` with its output
+  redirected) are kept, as with `docker exec`; on timeout its process group dies,
+  and only children that called `setsid` escape that.
   Output is kept up to `output_limit_bytes` (head and tail of each stream); the rest
   is read, counted and dropped.
 - Images missing on the engine are pulled when `pull_missing`; every pull is counted
@@ -21,7 +24,8 @@ Contract:
 - Warm pools: a sandbox started with no workspace takes one later (`attach_workspace`).
 - Errors: no API → `BackendUnavailableError` (says how to start one); image missing or
   container refused → `SandboxStartError`; container gone → `SandboxLostError`; no answer
-  within a command's deadline → `SandboxTimeoutError`. A failing command is an ExecResult.
+  within a command's deadline, or a paused container → `SandboxTimeoutError`. A failing
+  command is an ExecResult.
 """
 
 from __future__ import annotations
@@ -30,23 +34,23 @@ import asyncio
 import collections
 import contextlib
 import os
-import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from sandboxes.base import (
     BackendUnavailableError,
     ExecResult,
+    PullGate,
     SandboxLostError,
     SandboxStartError,
     SandboxTimeoutError,
     Timings,
 )
 from sandboxes.docker_api import DockerApi, DockerApiError, DockerUnreachableError
+from sandboxes.docker_owner import owner_is_gone, owner_label
 from sandboxes.output import OutputCollector, exec_result, timeout_argv
 from sandboxes.settings import SandboxSettings
 from sandboxes.transfer import extract_download, tar_directory, tar_path
@@ -57,7 +61,6 @@ START_HINT = (
     "start podman's Docker-compatible API with `.venv/bin/python -m rollstream.launcher.podman up` "
     "(it prints the socket) and set sandbox.docker.base_url to it, or point it at a Docker engine"
 )
-PullGate = Callable[[], Awaitable[None]]  # sandboxes.base.PullGate: the pool's image_pulls_per_h gate
 
 
 def resolve_base_url(configured: str) -> str:
@@ -72,27 +75,6 @@ def resolve_base_url(configured: str) -> str:
     raise BackendUnavailableError(
         f"no docker API configured, none at {', '.join(DEFAULT_SOCKETS)}; {START_HINT}", backend=BACKEND
     )
-
-
-def owner_label() -> str:
-    """host/pid/start-time of this process: a pid alone could be reused by another program."""
-    return f"{socket.gethostname()}/{os.getpid()}/{_process_start(os.getpid())}"
-
-
-def _process_start(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
-def owner_is_gone(owner: str) -> bool:
-    """True when `owner` names a process on this host that no longer runs."""
-    host, _, rest = owner.partition("/")
-    pid_text, _, started = rest.partition("/")
-    if host != socket.gethostname() or not pid_text.isdigit():
-        return False
-    return _process_start(int(pid_text)) != started
 
 
 class DockerSandboxFactory:

@@ -1,9 +1,11 @@
-"""Pure parts shared by the container backends: Docker's multiplexed stream framing,
-the head+tail output keeper, and how an exit under `timeout -s KILL` is classified."""
+"""Pure parts of the container backends: Docker's multiplexed stream framing, the
+head+tail output keeper, how an exit under `timeout -s KILL` is classified, and
+which owners of labelled containers are gone."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 from collections.abc import AsyncIterator
 
@@ -12,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sandboxes.docker_api import demux_frames
+from sandboxes.docker_owner import owner_is_gone, owner_label
 from sandboxes.output import STDERR, STDOUT, OutputCollector, exec_result, timeout_argv
 
 
@@ -64,3 +67,14 @@ def test_exit_classification() -> None:
     assert classify(1, 0.1, b"AssertionError\n") == (False, None)
     with pytest.raises(ValueError, match="positive"):
         timeout_argv("true", 0)
+
+
+def test_only_owners_known_dead_on_this_host_are_gone() -> None:
+    host = socket.gethostname()
+    me = owner_label()
+    assert not owner_is_gone(me)
+    pid = me.split("/")[1]
+    assert owner_is_gone(f"{host}/{pid}/1")  # same pid, other start time: a reused pid
+    assert owner_is_gone(f"{host}/999999999/0")
+    assert not owner_is_gone(f"another-host-{host}/999999999/0")
+    assert not owner_is_gone("")
