@@ -34,8 +34,10 @@ from streams.processor import Emit, StreamProcessor
 from streams.settings import KafkaSettings, PolicySettings, TopicSettings
 
 
-@dataclass
+@dataclass(frozen=True)
 class RecordedRun:
+    """A run as the log has it: rollout events, weight versions, and the workers' output records."""
+
     run_id: str
     events: list[Event] = field(default_factory=list)
     weights: list[Event] = field(default_factory=list)

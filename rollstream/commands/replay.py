@@ -11,6 +11,7 @@ table instead of the topics.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Literal
 
@@ -90,7 +91,7 @@ def command(
 def _compare(cfg: Config, recorded: RecordedRun, from_db: bool) -> None:
     if from_db:  # the store keeps groups but not trajectories: compare those against the topics
         topics = asyncio.run(load_from_topics(cfg.kafka, cfg.topics, recorded.run_id))
-        recorded.trajectories = topics.trajectories
+        recorded = dataclasses.replace(recorded, trajectories=topics.trajectories)
     policy, _ = policies(cfg, recorded, [])
     result = replay(recorded, policy)
     differences = compare(recorded.trajectories, result.trajectories, "trajectories")
