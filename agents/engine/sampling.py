@@ -25,7 +25,7 @@ UNIFORM_BITS = 24  # float32 holds 24 bits of mantissa exactly
 class BatchSampling:
     """Per-row sampling settings as tensors (B,)."""
 
-    temperature: torch.Tensor  # float32; 0 = greedy
+    temperature: torch.Tensor  # float32; below 1e-6 = greedy
     top_p: torch.Tensor  # float32; 1 = off
     top_k: torch.Tensor  # int64; <= 0 = off
     seed: torch.Tensor  # int64
@@ -77,11 +77,12 @@ def _filter(scaled: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor) -> t
 def sample(logits: torch.Tensor, params: BatchSampling) -> tuple[torch.Tensor, torch.Tensor]:
     """logits (B, V) → (token ids (B,), logprobs of those tokens (B,))."""
     logits = logits.float()
-    greedy = params.temperature <= 0
+    greedy = params.temperature < 1e-6  # as SGLang: a near-zero temperature is greedy
     temperature = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
     scaled = logits / temperature[:, None]
     logprobs = torch.log_softmax(scaled, dim=-1)
-    if bool(((params.top_k > 0) | (params.top_p < 1)).any()):
+    vocab = logits.shape[-1]
+    if bool((((params.top_k > 0) & (params.top_k < vocab)) | (params.top_p < 1)).any()):
         filtered = _filter(scaled, params.top_p, params.top_k)
         probs = torch.softmax(filtered, dim=-1)
     else:

@@ -4,8 +4,9 @@ Field names follow SGLang's own definitions in `python/sglang/srt/managers/io_st
 (`GenerateReqInput`, `AbortReq`, `PauseGenerationReqInput`, `UpdateWeightFromDiskReqInput`)
 and the finish reasons of `schedule_batch.py` (`FINISH_MATCHED_TOKEN` → {"type": "stop",
 "matched": id}, `FINISH_LENGTH` → {"type": "length", "length": n}, `FINISH_ABORT` →
-{"type": "abort", "message": ...}), matched against sgl-project/sglang main at commit
-001067ff (the 0.5.x line), read as source, not installed.
+{"type": "abort", "message": ...}), matched against sgl-project/sglang main (io_struct.py at
+commit 001067ff, sampling_params.py at 00c17caf: the 0.5.x line, with `sampling_seed` and
+`weight_version`), read as source, not installed.
 
 Routes: POST /generate, POST /abort_request, POST /pause_generation, POST
 /continue_generation, POST /update_weights_from_disk, POST|GET /flush_cache, GET
@@ -56,19 +57,40 @@ def error_response(status: int, message: str, kind: str) -> web.Response:
     return web.json_response({"error": {"message": message, "type": kind}}, status=status)
 
 
+SUPPORTED_SAMPLING = {"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "sampling_seed"}
+# SGLang options accepted only at their defaults (they change sampling in ways we do not implement).
+DEFAULT_ONLY_SAMPLING: dict[str, object] = {
+    "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+    "min_new_tokens": 0, "n": 1, "ignore_eos": False, "stop": None, "stop_regex": None,
+    "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None, "logit_bias": None,
+}  # fmt: skip
+# SGLang options about detokenised text or streaming: no effect on tokens, ignored.
+IGNORED_SAMPLING = {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "stream_interval"}
+
+
 def parse_sampling(raw: dict[str, Any]) -> SamplingParams:
-    """SGLang's sampling_params (the subset we implement) → SamplingParams; unknown keys refused."""
-    known = {"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "sampling_seed"}
-    unknown = sorted(set(raw) - known)
+    """SGLang's sampling_params → SamplingParams. As in SGLang, null means the default and a
+    temperature below 1e-6 is greedy; options we do not implement are refused unless at default."""
+    unknown = sorted(set(raw) - SUPPORTED_SAMPLING - set(DEFAULT_ONLY_SAMPLING) - IGNORED_SAMPLING)
     if unknown:
-        raise ValueError(f"unsupported sampling_params {unknown}; supported: {sorted(known)}")
+        raise ValueError(f"unsupported sampling_params {unknown}; supported: {sorted(SUPPORTED_SAMPLING)}")
+    changed = sorted(
+        key for key, default in DEFAULT_ONLY_SAMPLING.items() if raw.get(key) not in (None, default)
+    )
+    if changed:
+        raise ValueError(f"sampling_params {changed} are only supported at their defaults")
+
+    def value(key: str, default: Any) -> Any:
+        return default if raw.get(key) is None else raw[key]
+
+    temperature = float(value("temperature", 1.0))
     return SamplingParams(
-        max_new_tokens=128 if raw.get("max_new_tokens") is None else int(raw["max_new_tokens"]),
-        temperature=float(raw.get("temperature", 1.0)),
-        top_p=float(raw.get("top_p", 1.0)),
-        top_k=int(raw.get("top_k", -1)),
+        max_new_tokens=int(value("max_new_tokens", 128)),
+        temperature=0.0 if 0 <= temperature < 1e-6 else temperature,
+        top_p=float(value("top_p", 1.0)),
+        top_k=int(value("top_k", -1)),
         seed=None if raw.get("sampling_seed") is None else int(raw["sampling_seed"]),
-        stop_token_ids=tuple(raw.get("stop_token_ids") or ()),
+        stop_token_ids=tuple(int(t) for t in value("stop_token_ids", ())),
     )
 
 

@@ -50,7 +50,11 @@ async def test_generate_answers_in_sglang_shape(make_engine: EngineFactory) -> N
     async with (
         serving(make_engine()) as url,
         aiohttp.ClientSession(timeout=TIMEOUT) as http,
-        http.post(f"{url}/generate", json=body("a", stop_token_ids=[])) as reply,
+        # What an SGLang client may send: nulls for defaults, options at their defaults.
+        http.post(
+            f"{url}/generate",
+            json=body("a", stop_token_ids=None, top_k=None, ignore_eos=False, skip_special_tokens=True),
+        ) as reply,
     ):
         assert reply.status == 200
         answer = await reply.json()
@@ -71,8 +75,10 @@ async def test_refusals_are_400_with_a_message(make_engine: EngineFactory) -> No
             assert reply.status == 400
             error = (await reply.json())["error"]
         assert error["type"] == "context_length_exceeded" and "context length (32 tokens)" in error["message"]
-        async with http.post(f"{url}/generate", json=body("bad", ignore_eos=True)) as reply:
+        async with http.post(f"{url}/generate", json=body("bad", logprob_mode="x")) as reply:
             assert reply.status == 400 and "unsupported sampling_params" in await reply.text()
+        async with http.post(f"{url}/generate", json=body("bad", repetition_penalty=1.2)) as reply:
+            assert reply.status == 400 and "only supported at their defaults" in await reply.text()
         async with http.post(f"{url}/generate", json={"text": "hello"}) as reply:
             assert reply.status == 400 and "input_ids" in await reply.text()
         async with http.post(f"{url}/generate", json=body("near", length=30, max_new_tokens=50)) as reply:
