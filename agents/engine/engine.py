@@ -131,6 +131,8 @@ class Engine:
         if min(input_ids) < 0 or max(input_ids) >= vocab:
             raise EngineRefusal(f"input_ids must be token ids in [0, {vocab})")
         with self._lock:
+            if self._stopping:
+                raise EngineRefusal("the engine is shutting down")
             existing = self._by_rid.get(rid)
             if existing is not None:
                 if existing.same_request(input_ids, params):
