@@ -146,3 +146,7 @@ def submit(
     written = asyncio.run(submit_requests(cfg.kafka, cfg.topics, events))
     console.print(f"run [bold]{run_id}[/]: {written} requests ({len(refs)} tasks x {groups} groups x {size})")
     print(run_id)
+
+
+if __name__ == "__main__":  # `python -m rollstream.commands.rollout`: the worker without the whole CLI
+    app()

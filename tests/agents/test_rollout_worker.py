@@ -37,7 +37,11 @@ from streams.payloads import Limits, RolloutAbort
 from trainer.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.slow
-ROLLSTREAM = str(Path(sys.executable).parent / "rollstream")
+# the `rollstream` sub-apps run on their own: the worker skips the whole CLI's imports (torch)
+ROLLOUT_CLI = [sys.executable, "-m", "rollstream.commands.rollout"]
+SUB_APP = "import typer.main; from rollstream.commands.{} import app; typer.main.get_group(app)()"
+MODEL_CLI = [sys.executable, "-c", SUB_APP.format("model")]
+ENGINE_CLI = [sys.executable, "-c", SUB_APP.format("engine")]
 TINY_MODEL = (
     "model.vocab_size=1024",
     "model.hidden_size=64",
@@ -65,7 +69,7 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout: float = WAIT_S
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("agents-model") / "model"
     sets = [arg for item in TINY_MODEL for arg in ("-s", item)]
-    subprocess.run([ROLLSTREAM, "model", "init", "--out", str(out), *sets], check=True, capture_output=True)
+    subprocess.run([*MODEL_CLI, "init", "--out", str(out), *sets], check=True, capture_output=True)
     return out
 
 
@@ -74,7 +78,7 @@ def engine_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     port = free_port()
     log = (tmp_path_factory.mktemp("engine-log") / "engine.log").open("w")
     proc = subprocess.Popen(
-        [ROLLSTREAM, "engine", "serve", "--model", str(model_dir), "--port", str(port),
+        [*ENGINE_CLI, "serve", "--model", str(model_dir), "--port", str(port),
          "--context-length", "4096"],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -117,7 +121,7 @@ class Worker:
             f'run.state_dir="{config.run.state_dir}"', "agent.temperature=0", "rollout.commit_interval_s=0.2",
             *extra,
         ]  # fmt: skip
-        args = [ROLLSTREAM, "rollout", "--tasks", str(tasks), "--engine", engine, "--model", str(model)]
+        args = [*ROLLOUT_CLI, "--tasks", str(tasks), "--engine", engine, "--model", str(model)]
         self.log = log.open("a")
         self.proc = subprocess.Popen(
             [*args, "--concurrency", "8", *[a for s in sets for a in ("-s", s)]],
@@ -264,10 +268,45 @@ def test_killed_worker_leaves_requests_to_rerun_with_the_same_ids(
     events = read_events(kafka_config)
     started = [e.id for e in events if e.type == "trajectory.started"]
     assert len(started) > len(set(started)), "the killed worker's requests were re-run under the same ids"
-    unique: dict[object, Event] = {}
-    for event in events:
-        unique.setdefault(event.id, event)
-    for trajectory, own in by_trajectory(list(unique.values())).items():
+    slots: dict[object, tuple[str | None, int]] = {}
+    for event in events:  # downstream deduplication by id is sound: an id names one (trajectory, seq)
+        slot = (event.trajectory_id, event.seq)
+        assert slots.setdefault(event.id, slot) == slot
+    for trajectory, own in by_trajectory(events).items():
         assert trajectory in expected
-        folded = fold_trajectory(own)  # raises if two different events claim one seq
-        assert folded.outcome == Outcome.TRUNCATED_TURNS and folded.reward is not None
+        check_incarnations(own)
+
+
+def check_incarnations(events: list[Event]) -> None:
+    """Each worker's run of the trajectory (its `source`) used the ids of (trajectory, seq), and the
+    run that finished it is complete on its own. A re-run may sample differently from the killed
+    run (engine batching is not bitwise deterministic), so the finishing run is what counts."""
+    runs: dict[str, dict[int, Event]] = defaultdict(dict)
+    for event in events:
+        runs[event.source].setdefault(event.seq, event)
+    ids_by_seq: dict[int, set[object]] = defaultdict(set)
+    for run in runs.values():
+        for seq, event in run.items():
+            ids_by_seq[seq].add(event.id)
+    assert all(len(ids) == 1 for ids in ids_by_seq.values()), "a re-run wrote different ids"
+    finishing = [run for run in runs.values() if any(e.type == "trajectory.finished" for e in run.values())]
+    assert finishing, "no run finished the trajectory"
+    folded = fold_trajectory(finishing[-1].values())
+    assert folded.outcome == Outcome.TRUNCATED_TURNS and folded.reward is not None
+
+
+def test_submit_command_writes_group_size_requests_per_task_with_stable_ids(
+    kafka_config: Config, one_task_root: Path
+) -> None:
+    kafka, topics = kafka_config.kafka, kafka_config.topics
+    sets = [f'kafka.bootstrap="{kafka.bootstrap}"', f'topics.prefix="{topics.prefix}"']
+    args = [*ROLLOUT_CLI, "submit", "--tasks", str(one_task_root), "--group-size", "3", "--run", "run-s"]
+    for _ in range(2):  # submitting the same run twice writes the same ids
+        subprocess.run([*args, *[a for s in sets for a in ("-s", s)]], check=True, capture_output=True)
+    consumed = asyncio.run(read_topic(kafka, topics, "rollout.requests", idle_s=0.5))
+    requests = [c.event for c in consumed]
+    assert len(requests) == 6 and len({e.id for e in requests}) == 3
+    assert {e.data.attempt for e in requests} == {0, 1, 2} and {e.group_id for e in requests} == {
+        group_id("run-s", next(one_task_root.iterdir()).name, 0)
+    }
+    assert all(e.data.limits.max_turns == kafka_config.policy.max_turns for e in requests)
