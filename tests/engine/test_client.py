@@ -25,11 +25,13 @@ def client(*urls: str, **overrides: object) -> EngineClient:
 
 
 @asynccontextmanager
-async def failing_server(seen: list[str]) -> AsyncIterator[str]:
-    """An HTTP server whose /generate always answers 500 (records the rids it was sent)."""
+async def failing_server(seen: list[str], hang_s: float = 0.0) -> AsyncIterator[str]:
+    """An HTTP server whose /generate always answers 500, or nothing for `hang_s` seconds
+    first (records the rids it was sent)."""
 
     async def generate(request: web.Request) -> web.Response:
         seen.append((await request.json())["rid"])
+        await asyncio.sleep(hang_s)
         return web.Response(status=500, text="CUDA error: an illegal memory access was encountered")
 
     app = web.Application()
@@ -72,6 +74,15 @@ async def test_5xx_is_retried_with_the_same_rid_then_an_engine_error() -> None:
     assert caught.value.kind == "engine" and "HTTP 500" in caught.value.message
     assert seen == ["rid-1"] * 3
     assert engines.metrics().retries == 2
+
+
+async def test_a_timeout_is_an_engine_error_retried_with_the_same_rid() -> None:
+    seen: list[str] = []
+    async with failing_server(seen, hang_s=3) as url, client(url, timeout_s=0.5, retries=1) as engines:
+        with pytest.raises(EngineError) as caught:
+            await engines.generate([5, 6, 7], PARAMS, "slow")
+    assert caught.value.kind == "engine" and "no answer within 0.5s" in caught.value.message
+    assert seen == ["slow", "slow"]
 
 
 async def test_a_failing_engine_is_avoided_on_retry(make_engine: EngineFactory) -> None:
