@@ -24,7 +24,10 @@ reads back `groups` and `trajectories` again, so the previous owner's output is
 not written twice.
 
 The group deadline runs on this process's clock (`tick`); staleness follows the
-`weights` topic, read whole by every worker (it is tiny and every group needs it).
+weight versions on `weights` and `weights.history`, read whole by every worker
+before it consumes rollout events (they are tiny and every group needs them;
+the history keeps the versions that compaction drops from `weights`, so a
+restarted worker judges staleness as replay does).
 
 Why not faust: the issue asked for a faust-streaming app. Measured here (faust
 0.15.3, aiokafka 0.14, this 2-core machine, 52,484 rollout events on one topic,
@@ -107,9 +110,14 @@ class StreamWorker:
         async with (
             EventProducer(self.kafka, self.topics) as producer,
             EventConsumer(
-                self.kafka, self.topics, ["weights"], group_id=None, name=f"{self.name}-weights"
+                self.kafka,
+                self.topics,
+                ["weights", "weights.history"],
+                group_id=None,
+                name=f"{self.name}-weights",
             ) as weights,
         ):
+            await self._catch_up_weights(weights)
             consumer = EventConsumer(
                 self.kafka, self.topics, ["rollout.events"], group_id=self.settings.group_id, name=self.name
             )
@@ -145,6 +153,14 @@ class StreamWorker:
                     last_commit = now
                     await producer.flush()
                     await self._commit(consumer)
+
+    async def _catch_up_weights(self, weights: EventConsumer) -> None:
+        """Read the weight versions published so far (until a read comes back empty) before any group."""
+        while batch := await weights.batch(
+            timeout_ms=int(self.settings.readback_idle_s * 1000), max_records=5000
+        ):
+            for record in batch:
+                self.processor.observe_weights(record.event)
 
     async def on_revoked(self, producer: EventProducer, consumer: EventConsumer) -> None:
         """Before partitions move: everything produced is acked and the safe offsets committed."""
