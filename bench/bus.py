@@ -7,7 +7,8 @@ Raw path: one `AIOKafkaProducer` with the same settings sending the same
 pre-encoded bytes and keys with `send` (futures not awaited one by one), and an
 `AIOKafkaConsumer` reading them back with `getmany`. Each pass produces and
 consumes concurrently into fresh topics (deleted afterwards); passes alternate
-our/raw and the medians are reported. Last line:
+our/raw and the medians are reported (also this process's CPU µs per event, steadier
+than wall time on a shared machine). Last line:
 `{"events_per_s": ..., "raw_events_per_s": ..., "ratio": ...}`.
 """
 
@@ -126,6 +127,7 @@ async def _run(config: Config, count: int, rounds: int, tokens: int) -> dict[str
     records = [(encoded[i % len(unique)], unique[i % len(unique)].key) for i in range(count)]
     ours: list[float] = []
     raw: list[float] = []
+    cpu: dict[str, list[float]] = {"streams.bus": [], "raw aiokafka": []}  # this process, µs per event
     with Progress(console=console, transient=True) as progress:
         for round_no in range(1, rounds + 1):
             for label, results in (("streams.bus", ours), ("raw aiokafka", raw)):
@@ -141,7 +143,9 @@ async def _run(config: Config, count: int, rounds: int, tokens: int) -> dict[str
                         if results is ours
                         else _raw(config, topics, records, on_progress)
                     )
+                    cpu_start = time.process_time()
                     results.append(count / await run)
+                    cpu[label].append((time.process_time() - cpu_start) / count * 1e6)
                 finally:
                     await _drop_topics(config, topics)
                 console.print(f"round {round_no} {label}: {results[-1]:,.0f} events/s")
@@ -149,6 +153,8 @@ async def _run(config: Config, count: int, rounds: int, tokens: int) -> dict[str
     return {
         "events": count,
         "rounds": rounds,
+        "cpu_us_per_event": round(statistics.median(cpu["streams.bus"]), 1),
+        "raw_cpu_us_per_event": round(statistics.median(cpu["raw aiokafka"]), 1),
         "events_per_s": round(ours_median, 1),
         "raw_events_per_s": round(raw_median, 1),
         "ratio": round(ours_median / raw_median, 3),

@@ -2,8 +2,9 @@
 
 `streams.events.decode_event` parses JSON into Python objects and validates twice
 (payload, then envelope). Here each current event type gets an envelope model
-whose `type` is a literal and whose `data` is that type's payload; a discriminated
-union of them validates straight from the JSON bytes in Rust. The result is built
+whose `type` is a literal and whose `data` is that type's payload; the record's
+type, read from the bytes, picks the model, which validates straight from the JSON
+bytes in Rust. The result is built
 as a plain `Event` (equal to what `decode_event` returns). Anything the fast path
 does not accept — older schema versions that need upcasting, unknown types, bad
 JSON, schema violations — goes through `decode_event`, so errors and upcasting
@@ -13,9 +14,9 @@ are exactly the reference behaviour.
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from streams.events import PAYLOADS, Event, decode_event
 
@@ -43,22 +44,37 @@ def _envelope(kind: str, payload: type[BaseModel]) -> type[BaseModel]:
     )
 
 
-_ENVELOPES = tuple(_envelope(kind, payload) for kind, payload in PAYLOADS.items())
-_ANY_ENVELOPE: TypeAdapter[Any] = TypeAdapter(
-    Annotated[Union[_ENVELOPES], Field(discriminator="type")]  # noqa: UP007 (a runtime tuple)
-)
+_ENVELOPE_OF: dict[bytes, type[BaseModel]] = {
+    kind.encode(): _envelope(kind, payload) for kind, payload in PAYLOADS.items()
+}
+TYPE_FIELD = b'"type":"'
 _CURRENT = {kind: payload.SCHEMA_VERSION for kind, payload in PAYLOADS.items()}
 
 
 def decode_event_fast(value: bytes | str) -> Event:
     """Same contract as `streams.events.decode_event` (raises `DecodeError`)."""
+    raw = value.encode() if isinstance(value, str) else value
+    envelope_model = _ENVELOPE_OF.get(_type_name(raw))
+    if envelope_model is None:
+        return decode_event(value)  # unknown type, or not our compact JSON: the reference path
     try:
-        envelope = _ANY_ENVELOPE.validate_json(value)
+        envelope = envelope_model.model_validate_json(raw)
     except ValidationError:
         return decode_event(value)  # the reference path names the error (or upcasts)
     if envelope.schema_version != _CURRENT[envelope.type]:
         return decode_event(value)
     return _as_event(envelope)
+
+
+def _type_name(raw: bytes) -> bytes:
+    """The value of the first `"type":"..."` in the record: the envelope's type in what
+    `encode_event` writes. A wrong guess is harmless: the envelope's `type` is a literal,
+    so the record then fails validation and takes the reference path."""
+    start = raw.find(TYPE_FIELD)
+    if start < 0:
+        return b""
+    start += len(TYPE_FIELD)
+    return raw[start : raw.find(b'"', start)]
 
 
 def _as_event(envelope: BaseModel) -> Event:
