@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -188,6 +189,7 @@ async def run_bench(
     console.print(f"cold pool: {cold_details}")
     console.print(f"warm pool: {warm_details}")
     return {
+        "load_avg_1m": round(os.getloadavg()[0], 2),  # the machine is shared: read figures against it
         "backend": settings.backend,
         "concurrency": concurrency,
         "n": n,

@@ -38,7 +38,7 @@ command's timeout plus `bwrap.server_grace_s` raises `SandboxTimeoutError`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import io
 import marshal
 import os
@@ -48,6 +48,7 @@ import tarfile
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
 from sandboxes.base import (
@@ -60,6 +61,7 @@ from sandboxes.base import (
     Timings,
 )
 from sandboxes.bwrap_args import bwrap_argv, python_home
+from sandboxes.bwrap_process import Reaper
 from sandboxes.bwrap_uids import UidAllocator, UidsExhaustedError
 from sandboxes.settings import SandboxSettings
 from sandboxes.workspace import (
@@ -95,8 +97,11 @@ class BwrapSandboxFactory:
                 backend="bwrap",
             )
         self.work_root = Path(settings.bwrap.work_root) if settings.bwrap.work_root else default_work_root()
+        self.reaper = Reaper()
         self.uids = UidAllocator(settings.bwrap.uid_base, settings.bwrap.uid_count, self.work_root / ".uids")
         remove_stale_workspaces(self.work_root)
+        # handoff copies get their own threads: latency-critical, never queued behind stops and refills
+        self.copy_executor = ThreadPoolExecutor(settings.bwrap.copy_threads, thread_name_prefix="workspace")
 
     def create(self, workspace: Path | None) -> BwrapSandbox:
         return BwrapSandbox(self, workspace)
@@ -156,14 +161,19 @@ class BwrapSandbox:
         argv = bwrap_argv(self._settings, self._workspace, SERVER_SCRIPT, self._uid)
         with open(self._dir / "server.log", "wb") as log:
             try:
-                self._process = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=log,
-                    env={"PATH": "/usr/bin:/bin"},
-                    limit=4 * self._settings.limits.output_limit_bytes + (1 << 20),
+                spawn = asyncio.ensure_future(
+                    asyncio.create_subprocess_exec(
+                        *argv,
+                        stdin=asyncio.subprocess.PIPE,
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=log,
+                        env={"PATH": "/usr/bin:/bin"},
+                        start_new_session=True,  # its own process group: see bwrap_process.kill_tree
+                        limit=4 * self._settings.limits.output_limit_bytes + (1 << 20),
+                    )
                 )
+                # cancelled mid-spawn, asyncio would kill only the outer bwrap and orphan its child
+                self._process = await self._factory.reaper.shielded_spawn(spawn)
             except OSError as error:
                 raise SandboxStartError(f"cannot run bwrap: {error}", backend="bwrap") from error
         try:
@@ -180,8 +190,9 @@ class BwrapSandbox:
             raise SandboxLostError(f"sandbox {self.id} is not running", backend="bwrap")
         if workspace is None:
             return
+        copy = functools.partial(fill_workspace, workspace, self._workspace, self._uid, self._uid)
         try:
-            await asyncio.to_thread(fill_workspace, workspace, self._workspace, self._uid, self._uid)
+            await asyncio.get_running_loop().run_in_executor(self._factory.copy_executor, copy)
         except WorkspaceError as error:
             raise SandboxStartError(str(error), backend="bwrap") from error
         self._source = workspace
@@ -237,14 +248,14 @@ class BwrapSandbox:
     async def stop(self) -> None:
         began = time.monotonic()
         process, self._process = self._process, None
+        uid, self._uid = self._uid, None
+        release = functools.partial(self._factory.uids.release, uid) if uid is not None else lambda: None
         if process is not None and process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGKILL)  # bwrap's pid 1 then dies (--die-with-parent)
-            await process.wait()
+            # the uid is free again only once every process of the sandbox is gone
+            await self._factory.reaper.end(process, self._settings.bwrap.stop_timeout_s, release)
+        else:
+            release()
         await asyncio.to_thread(remove_workspace, self._dir)
-        if self._uid is not None:
-            self._factory.uids.release(self._uid)
-            self._uid = None
         self.timings.stop_s = time.monotonic() - began
 
     async def _call(self, request: dict[str, object], wait_s: float) -> dict:

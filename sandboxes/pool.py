@@ -9,7 +9,8 @@ stops it. Caps (all in `PoolSettings`): `max_running` sandboxes alive at once
 failed sandboxes, so a report can say which cap binds.
 
 Warm pool: with `warm_pool = N` the pool keeps N sandboxes started ahead, with
-empty workspaces. A request takes one when the backend can attach a workspace
+empty workspaces, refilling at most `warm_starting` at a time so that refills
+do not starve the handoffs of CPU. A request takes one when the backend can attach a workspace
 to a started sandbox (`WorkspaceAttachable`) or needs none, and the pool starts
 a replacement in the background; otherwise it starts one cold.
 
@@ -233,7 +234,10 @@ class SandboxPool:
     def _refill_warm(self) -> None:
         if self._closed:
             return
-        missing = self._caps.warm_pool - len(self._warm) - self._warm_pending
+        missing = min(
+            self._caps.warm_pool - len(self._warm) - self._warm_pending,
+            self._caps.warm_starting - self._warm_pending,
+        )
         for _ in range(max(missing, 0)):
             self._warm_pending += 1
             task = asyncio.get_running_loop().create_task(self._start_warm())

@@ -60,6 +60,7 @@ class BwrapSettings(Frozen):
         "/etc/gitconfig",
     )
     server_grace_s: float = Field(default=10.0, description="extra wait for the exec server past a timeout")
+    stop_timeout_s: float = Field(default=10.0, description="wait for a killed sandbox, then reap it later")
     copy_threads: int = Field(default=4, description="threads copying workspaces at warm handoff")
 
 

@@ -7,6 +7,7 @@ or hang in `start()`; the warm pool and the "still serves" checks use real bwrap
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,31 @@ async def wait_until(condition: object, timeout_s: float = 60.0) -> None:
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
         await asyncio.sleep(0.05)
+
+
+async def test_closing_with_starts_in_flight_leaves_no_sandbox_behind(
+    settings: SandboxSettings, factory: BwrapSandboxFactory
+) -> None:
+    caps = settings.pool.model_copy(update={"warm_pool": 6, "warm_starting": 6})
+    warm = settings.model_copy(update={"pool": caps})
+    for delay_s in (0.0, 0.02, 0.2):
+        pool = SandboxPool(warm, factory)
+        await pool.__aenter__()
+        await asyncio.sleep(delay_s)  # close while starts are in flight
+        await asyncio.wait_for(pool.close(), 60)
+        assert pool.stats().running == 0 and pool.stats().warm == 0
+    await wait_until(lambda: not bwrap_children())
+
+
+def bwrap_children() -> list[int]:
+    """Live `bwrap` processes started by this test process."""
+    me, found = str(os.getpid()), []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if stat[1] == me and stat[0] != "Z" and cmdline.startswith(b"bwrap"):
+            found.append(int(name))
+    return found
