@@ -131,9 +131,14 @@ def _check_table(results: list[CheckResult]) -> Table:
             "-" if result.none_reward is None else f"{result.none_reward:g}",
             "[green]yes[/]" if result.valid else "[red]no[/]",
             f"{result.duration_s:.1f}",
-            result.problem,
+            _short(result.problem),
         )
     return table
+
+
+def _short(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @app.command("check")

@@ -20,27 +20,14 @@ from sandboxes.tasks.sdist import SdistSpec, UnfitLibraryError, analyze_project
 LIBRARY = "tinydb==4.8.2"  # in the default set, so its sdist is already in the cache
 
 
-def test_cli_builds_tasks_from_an_sdist_and_they_check(tmp_path: Path, base_config: Config) -> None:
+def test_cli_builds_deterministic_tasks_from_an_sdist_and_they_check(
+    tmp_path: Path, base_config: Config
+) -> None:
     out = tmp_path / "built"
     runner = CliRunner()
     state = f'run.state_dir="{base_config.state_dir.resolve()}"'
-    result = runner.invoke(
-        app,
-        [
-            "tasks",
-            "build",
-            "--from-sdist",
-            LIBRARY,
-            "--out",
-            str(out),
-            "--max",
-            "2",
-            "--seed",
-            "3",
-            "--set",
-            state,
-        ],
-    )
+    args = ["tasks", "build", "--from-sdist", LIBRARY, "--out", str(out), "--max", "2", "--seed", "3"]
+    result = runner.invoke(app, [*args, "--set", state])
     assert result.exit_code == 0, result.output
     tasks = load_tasks(out)
     assert len(tasks) == 2
@@ -49,30 +36,29 @@ def test_cli_builds_tasks_from_an_sdist_and_they_check(tmp_path: Path, base_conf
         assert not set(task.metadata.fail_to_pass) & set(task.metadata.pass_to_pass)
         assert task.metadata.source == f"sdist:{LIBRARY}"
         assert (task.dir / "environment" / "Dockerfile").is_file()
-        patch = task.solution_script.read_text()
-        removed = [
-            line[1:].strip()
-            for line in patch.splitlines()
-            if line.startswith("-") and not line.startswith("---")
-        ]
+        patch = task.solution_script.read_text().splitlines()
+        removed = [line[1:].strip() for line in patch if line.startswith("-") and not line.startswith("---")]
         assert all(line not in task.instruction for line in removed if len(line) > 8), (
             "instruction leaks the diff"
         )
+
+    # the same seed gives the same tasks (built again through the API)
+    request = BuildRequest(SdistSpec.parse(LIBRARY), tmp_path / "again", max_tasks=2, seed=3)
+    factory = make_factory(base_config.sandbox)
+    report = asyncio.run(
+        build_from_sdist(request, base_config.tasks, factory, base_config.state_dir / "cache")
+    )
+    assert report.task_ids == [t.id for t in tasks]
+    for task in tasks:
+        again = tmp_path / "again" / task.id
+        assert (again / "solution" / "solve.sh").read_text() == task.solution_script.read_text()
+        assert (again / "task.toml").read_text() == (task.dir / "task.toml").read_text()
+
+    listed = runner.invoke(app, ["tasks", "list", str(out), "--set", state])
+    assert listed.exit_code == 0 and tasks[0].id[:12] in listed.output
     checked = runner.invoke(app, ["tasks", "check", str(out), "--set", state])
     assert checked.exit_code == 0, checked.output
     assert "2/2 valid" in checked.output
-
-
-def test_build_is_deterministic_for_a_seed(tmp_path: Path, base_config: Config) -> None:
-    factory = make_factory(base_config.sandbox)
-    cache = base_config.state_dir / "cache"
-
-    def build(out: Path) -> list[str]:
-        request = BuildRequest(SdistSpec.parse(LIBRARY), out, max_tasks=2, seed=11)
-        report = asyncio.run(build_from_sdist(request, base_config.tasks, factory, cache))
-        return [(out / t / "solution" / "solve.sh").read_text() for t in report.task_ids]
-
-    assert build(tmp_path / "one") == build(tmp_path / "two")
 
 
 def test_unfit_libraries_say_why(tmp_path: Path) -> None:
