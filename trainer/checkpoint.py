@@ -6,15 +6,18 @@ A model directory holds `config.json` (LlamaForCausalLM fields), `model.safetens
 here. Our own additions live under the `rollstream` key of `config.json` (the weight
 version); HF readers ignore it.
 
-`init_model_dir(settings, path)` creates one with random weights; `save_model(model,
-path, weight_version)` writes new weights (atomically: a temp file then rename, so an
-engine reloading the directory never sees half a file); `load_model(path)` reads it.
+`init_model_dir(settings, path)` creates one with random weights; `save_version(model,
+base_dir, out_dir, version)` writes a complete directory for a new weight version;
+`save_model(model, path, weight_version)` writes new weights into a directory
+(atomically: a temp file then rename, so an engine reloading the directory never sees
+half a file); `load_model(path)` reads it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,6 +143,21 @@ class ModelDirInfo:
     model: ModelConfig
     weight_version: int
     specials: dict[str, int]
+
+
+SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+def save_version(model: PolicyModel, base_dir: Path, out_dir: Path, weight_version: int) -> Path:
+    """A complete model directory for a new weight version (what `/update_weights_from_disk` loads):
+    the tokenizer and side files of `base_dir`, the weights of `model`."""
+    base_dir, out_dir = Path(base_dir), Path(out_dir)
+    specials = read_config(base_dir).specials
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in SIDE_FILES:
+        shutil.copyfile(base_dir / name, out_dir / name)
+    save_model(model, out_dir, weight_version=weight_version, specials=specials)
+    return out_dir
 
 
 def read_config(path: Path) -> ModelDirInfo:

@@ -65,6 +65,17 @@ def test_save_and_load_round_trip_with_weight_version(model_dir: Path, tmp_path:
     assert not torch.equal(loaded.lm_head.weight, load_model(model_dir).lm_head.weight)
 
 
+def test_save_version_makes_a_complete_directory(model_dir: Path, tmp_path: Path) -> None:
+    from trainer.checkpoint import save_version
+    from trainer.tokenizer import load_tokenizer
+
+    model = build_model(load_model(model_dir).config, seed=8)
+    out = save_version(model, model_dir, tmp_path / "v4", weight_version=4)
+    assert weight_version(out) == 4 and read_config(out).specials == read_config(model_dir).specials
+    assert load_tokenizer(out).to_str() == load_tokenizer(model_dir).to_str()
+    assert torch.equal(load_model(out).lm_head.weight, model.lm_head.weight)
+
+
 def test_init_refuses_to_overwrite(model_dir: Path) -> None:
     with pytest.raises(FileExistsError, match="already holds a model"):
         init_model_dir(ModelSettings(), model_dir)
