@@ -161,9 +161,10 @@ async def test_fork_bomb_and_memory_hog_are_contained(
 ) -> None:
     box = make_factory(limits={"max_processes": 64, "memory_mb": 256}).create(None)
     await box.start()
-    # The loop keeps the command alive (its own forks may fail) until the timeout kills the
-    # whole process group, bomb included; had it exited early, the bomb would outlive it.
-    bomb = await box.exec("f(){ f|f& }; f; while :; do sleep 1 || true; done", timeout=5)
+    # The shell forks only before the bomb saturates the pids cap (`sleep 60 &`, the first `f`),
+    # then waits with a builtin, so it outlives the bomb until the timeout kills the whole
+    # process group; a shell that failed to fork would exit and leave the bomb behind.
+    bomb = await box.exec("sleep 60 & f(){ f|f& }; f; wait", timeout=5)
     assert bomb.timed_out and "Cannot fork" in bomb.stderr  # the pids limit held; a result, not an error
     hog = await box.exec("python3 -c 'b = bytearray(1024**3); print(len(b))'", timeout=120)
     assert hog.exit_code == 137 and not hog.timed_out and hog.killed_reason == "memory"
