@@ -50,6 +50,11 @@ log = logging.getLogger(__name__)
 FinishedHook = Callable[[EpisodeSpec, TrajectoryFinished], None]
 
 
+class RolloutWorkerError(RuntimeError):
+    """An episode failed outside its own error handling (e.g. Kafka refused its events):
+    the worker stops without committing it, so the request is re-run."""
+
+
 def worker_name() -> str:
     return f"rollout-{socket.gethostname()}-{os.getpid()}"
 
@@ -72,19 +77,41 @@ class TaskCatalog:
 
 
 class KafkaEventSink:
-    """Episode events to `rollout.events`; `trajectory.finished` waits for the broker's ack
-    (events of one trajectory share a partition, so earlier ones are acked by then)."""
+    """Episode events to `rollout.events`. `emit` of a `trajectory.finished` returns once the
+    broker has acked it (events of one trajectory share a partition and are acked in order,
+    so the earlier ones are acked by then).
+
+    Acks are group-committed: one `flush` at a time, each covering every event sent before
+    it started, so a thousand episodes finishing together cost a few flushes, not a thousand
+    single-record batches queued on six partitions."""
 
     def __init__(self, producer: EventProducer) -> None:
         self.producer = producer
         self.events = 0
+        self._sent = 0  # events enqueued so far
+        self._acked = 0  # events known acked (every one enqueued before the last flush began)
+        self._flushing = asyncio.Lock()
 
     async def emit(self, event: Event) -> None:
+        await self.producer.send("rollout.events", event)
         self.events += 1
+        self._sent += 1
         if event.type == "trajectory.finished":
-            await self.producer.send_and_wait("rollout.events", event)
-        else:
-            await self.producer.send("rollout.events", event)
+            await self._wait_acked(self._sent)
+
+    async def send_acked(self, short_topic: str, event: Event) -> None:
+        """Any other record (a re-run request), returning once acked."""
+        await self.producer.send(short_topic, event)
+        self._sent += 1
+        await self._wait_acked(self._sent)
+
+    async def _wait_acked(self, position: int) -> None:
+        async with self._flushing:
+            if self._acked >= position:
+                return  # a flush that began after this event was sent has covered it
+            covered = self._sent
+            await self.producer.flush()
+            self._acked = covered
 
 
 @dataclass(frozen=True)
@@ -115,11 +142,11 @@ class RolloutWorker:
         self.retries_sent = 0
         self._running: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
+        self.failure: BaseException | None = None
         self.aborts = AbortFollower(
             settings.kafka, settings.topics, name=f"{self.name}-control", on_abort=self._abort,
             poll_ms=settings.rollout.request_poll_ms,
         )  # fmt: skip
-        self._producer: EventProducer | None = None
         self._sink: KafkaEventSink | None = None
 
     @property
@@ -137,7 +164,7 @@ class RolloutWorker:
             s.kafka, s.topics, ["rollout.requests"], group_id=s.rollout.consumer_group, name=self.name
         )
         async with EventProducer(s.kafka, s.topics) as producer, requests:
-            self._producer, self._sink = producer, KafkaEventSink(producer)
+            self._sink = KafkaEventSink(producer)
             helpers = [
                 asyncio.create_task(self.aborts.run(), name="rollout-aborts"),
                 asyncio.create_task(self._commit_loop(requests), name="rollout-commit"),
@@ -154,7 +181,7 @@ class RolloutWorker:
     async def _serve(self, requests: EventConsumer, stop: asyncio.Event) -> None:
         stopping = asyncio.create_task(stop.wait())
         try:
-            while not stop.is_set():
+            while not stop.is_set() and self.failure is None:
                 free = self.settings.rollout.concurrency - len(self._running)
                 if free > 0:
                     requests.consumer.resume(*requests.consumer.paused())
@@ -166,6 +193,9 @@ class RolloutWorker:
                     self._start(consumed)
         finally:
             stopping.cancel()
+        if self.failure is not None:
+            message = f"an episode failed, stopping the worker: {self.failure!r}"
+            raise RolloutWorkerError(message) from self.failure
 
     async def _wait_for_slot(self, requests: EventConsumer, stopping: asyncio.Task[bool]) -> list[Consumed]:
         """Full: wait until an episode ends; poll with partitions paused so the group keeps us."""
@@ -187,7 +217,11 @@ class RolloutWorker:
 
         def done(finished: asyncio.Task[None]) -> None:
             self._running.discard(finished)
-            if not finished.cancelled():
+            if finished.cancelled():
+                pass  # shutdown: left uncommitted, re-run by the partition's next owner
+            elif finished.exception() is not None:  # e.g. Kafka refused the events: stop, never commit
+                self.failure = self.failure or finished.exception()
+            else:
                 self.offsets.finished(partition, consumed.offset)
             self._slot_freed.set()
 
@@ -230,13 +264,13 @@ class RolloutWorker:
             self.episodes.pop(spec.trajectory_id, None)
 
     async def _send_retry(self, event: Event, request: RolloutRequested) -> None:
-        assert self._producer is not None and event.group_id and event.task_id is not None
+        assert self._sink is not None and event.group_id and event.task_id is not None
         retry = request_event(
             run_id=event.run_id, group=event.group_id, task=TaskRef(event.task_id, request.task_dir),
             attempt=request.attempt, retry=request.retry + 1, group_size=request.group_size,
             limits=request.limits, source=self.name,
         )  # fmt: skip
-        await self._producer.send_and_wait("rollout.requests", retry)
+        await self._sink.send_acked("rollout.requests", retry)
         self.retries_sent += 1
 
     def _abort(self, trajectory_id: str, reason: str) -> None:
