@@ -71,6 +71,17 @@ def changed_lines(original: str, mutated: str) -> list[str]:
     ]
 
 
+def copy_test_suite(layout: ProjectLayout, suite: Path) -> None:
+    """The original test files, which test.sh copies back over the workspace before grading."""
+    for relative in layout.test_support:
+        source, dest = layout.root / relative, suite / relative
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, dest, ignore=IGNORED, symlinks=True)
+        else:
+            shutil.copy2(source, dest)
+
+
 def write_sdist_task(
     task_dir: Path,
     item: KeptMutant,
@@ -79,6 +90,7 @@ def write_sdist_task(
     spec: SdistSpec,
     settings: TaskSettings,
 ) -> Task:
+    """Write the whole task directory (replacing an old one) and return the task."""
     if task_dir.exists():
         shutil.rmtree(task_dir)
     mutation, verdict = item.mutation, item.judgement
@@ -86,14 +98,7 @@ def write_sdist_task(
     repo = task_dir / REPO_DIR
     shutil.copytree(layout.root, repo, ignore=IGNORED, symlinks=True)
     (repo / mutation.path).write_text(item.mutated)
-    suite = task_dir / "tests" / "suite"
-    for relative in layout.test_support:
-        source, dest = layout.root / relative, suite / relative
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, dest, ignore=IGNORED, symlinks=True)
-        else:
-            shutil.copy2(source, dest)
+    copy_test_suite(layout, task_dir / "tests" / "suite")
     write_runtime_files(task_dir / "tests", pyz, list(verdict.fail_to_pass), list(verdict.pass_to_pass))
     pythonpath = ":".join(root for root in layout.source_roots if root != ".")
     instruction = write_instruction(
