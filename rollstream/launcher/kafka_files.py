@@ -24,10 +24,11 @@ from rollstream.launcher.process import LauncherError
 INFRA_DIR = Path(__file__).resolve().parents[2] / "infra" / "kafka"
 MIN_JAVA = 17
 NETWORK_FAILURE = re.compile(
-    r"Could not (transfer|resolve)|UnknownHost|Network is unreachable|Connection (refused|timed out)"
-    r"|offline mode|Temporary failure in name resolution",
+    r"Could not transfer|UnknownHost|Network is unreachable|Connection (refused|timed out)"
+    r"|offline mode|Temporary failure in name resolution|No route to host",
     re.IGNORECASE,
 )
+MISSING_ARTIFACT = re.compile(r"Could not find artifact (\S+)|(\S+) was not found in")
 
 
 @dataclass(frozen=True)
@@ -144,13 +145,16 @@ def ensure_jars(state_dir: Path, broker: BrokerSettings) -> Path:
             "(is Maven Central reachable?)"
         ) from None
     if done.returncode != 0 or not any(staging.glob("kafka_2.13-*.jar")):
-        output = (done.stdout + done.stderr).strip()
-        hint = (
-            "Maven could not reach Maven Central (offline?)"
-            if NETWORK_FAILURE.search(output)
-            else "Maven failed"
-        )
-        tail = "\n".join(output.splitlines()[-15:])
+        output = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout + done.stderr).strip()
+        missing = MISSING_ARTIFACT.search(output)
+        if missing:
+            artifact = missing.group(1) or missing.group(2)
+            hint = f"Maven Central has no {artifact} (is broker.version={broker.version!r} right?)"
+        elif NETWORK_FAILURE.search(output):
+            hint = "Maven could not reach Maven Central (offline? a proxy needed in ~/.m2/settings.xml?)"
+        else:
+            hint = "Maven failed"
+        tail = "\n".join([line for line in output.splitlines() if line.startswith("[ERROR]")][:3])
         raise LauncherError(
             f"{hint} while fetching org.apache.kafka:kafka_2.13:{broker.version}.\n{tail}"
         )

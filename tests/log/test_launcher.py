@@ -74,3 +74,16 @@ def test_no_broker_answers_on_a_closed_port() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     assert kafka.broker_count(f"127.0.0.1:{port}") == 0
+
+
+def test_missing_java_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(LauncherError, match="Java is not installed"):
+        kafka_files.check_java()
+
+
+def test_unknown_kafka_version_is_a_clear_error(tmp_path: Path) -> None:
+    config = load_config(None, [f'run.state_dir="{tmp_path}"', 'broker.version="0.0.1-nope"'])
+    with pytest.raises(LauncherError, match=r"Maven Central has no .*0\.0\.1-nope"):
+        kafka_files.ensure_jars(config.state_dir, config.broker)
+    assert not kafka_files.libs_dir(config.state_dir).exists()
