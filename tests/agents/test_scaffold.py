@@ -119,3 +119,10 @@ def test_offsets_commit_only_below_the_lowest_unfinished_request() -> None:
     tracker.mark_committed({p: 13})
     tracker.started(("rollout.requests", 1), 0)
     assert tracker.committable() == {("rollout.requests", 1): 0} and tracker.in_flight == 1
+
+
+def test_a_fence_inside_a_heredoc_does_not_end_the_block() -> None:
+    reply = "```bash\ncat <<'EOF' > notes.md\nuse ```python fences``` here\nEOF\n```\n"
+    action = parse_reply(reply, SUBMIT)
+    assert not isinstance(action, FormatError)
+    assert action.command == "cat <<'EOF' > notes.md\nuse ```python fences``` here\nEOF"
