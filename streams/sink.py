@@ -21,8 +21,8 @@ Exactly once into SQL, whenever the process is killed (SIGKILL included):
   that moves past them commits; after a crash they may be dead-lettered again,
   with the same dead-letter event id.
 
-Database work runs in a worker thread so the consumer keeps prefetching while a
-batch commits.
+Database work runs in a worker thread, so the next batch is fetched and decoded
+while one commits (one commit in flight, in order).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from sqlalchemy import Engine
 
 from streams.bus import EventProducer, dead_letter_event
 from streams.events import DecodeError
-from streams.fast_decode import decode_event_fast
 from streams.settings import KafkaSettings, StoreSettings, TopicSettings
 from streams.store import StoredEvent, load_offsets, write_batch
+from streams.store.wire import decode_record
 from streams.topics import list_topics, topic_name
 
 
@@ -95,11 +95,11 @@ def split_batch(polled: Mapping[TopicPartition, list[ConsumerRecord]]) -> SinkBa
             continue
         for record in records:
             try:
-                event = decode_event_fast(record.value or b"")
+                event, data_json = decode_record(record.value or b"")
             except DecodeError as error:
                 rejected.append(RejectedRecord(record, error.reason))
                 continue
-            events.append(StoredEvent(event, tp.topic, tp.partition, record.offset))
+            events.append(StoredEvent(event, tp.topic, tp.partition, record.offset, data_json))
         offsets[(tp.topic, tp.partition)] = max(record.offset for record in records) + 1
     return SinkBatch(events, rejected, offsets)
 
@@ -175,19 +175,34 @@ class Sink:
     async def _loop(
         self, producer: EventProducer, partitions: list[TopicPartition], until_idle_s: float | None
     ) -> None:
+        """Poll, decode, commit; batch N+1 is fetched and decoded while batch N commits.
+
+        At most one commit is in flight and each waits for the one before, so batches
+        commit in the order they were read."""
         idle_since = time.monotonic()
-        while not self.stopping.is_set():
-            polled = await self.consumer.getmany(
-                timeout_ms=self.store.sink_poll_ms, max_records=self.store.sink_batch_size
-            )
-            batch = split_batch(polled)
-            if batch.offsets:
-                await self._apply(producer, batch)
-                idle_since = time.monotonic()
-            elif until_idle_s is not None and time.monotonic() - idle_since >= until_idle_s:
-                if await self._caught_up(partitions):
-                    return
-                idle_since = time.monotonic()
+        committing: asyncio.Task[None] | None = None
+        try:
+            while not self.stopping.is_set():
+                polled = await self.consumer.getmany(
+                    timeout_ms=self.store.sink_poll_ms, max_records=self.store.sink_batch_size
+                )
+                batch = split_batch(polled)
+                if committing is not None and (batch.offsets or committing.done()):
+                    await committing
+                    committing = None
+                if batch.offsets:
+                    committing = asyncio.create_task(self._apply(producer, batch))
+                    idle_since = time.monotonic()
+                elif until_idle_s is not None and time.monotonic() - idle_since >= until_idle_s:
+                    if committing is not None:
+                        await committing
+                        committing = None
+                    if await self._caught_up(partitions):
+                        return
+                    idle_since = time.monotonic()
+        finally:
+            if committing is not None:
+                await committing
 
     async def _apply(self, producer: EventProducer, batch: SinkBatch) -> None:
         if batch.rejected:  # acknowledged before the offsets move past them

@@ -1,8 +1,8 @@
 """Pure functions from events to rows: the `events` row and each projection's row.
 
 No SQL and no clock here: `writer` executes what these return. A projection is
-described by a `ProjectionRow` (table, key columns, values); the writer upserts
-it, setting only the columns that event type determines, so the three event
+described by a `ProjectionRow` (table, key columns, values; JSON columns as JSON
+text); the writer upserts it, setting only the columns that event type determines, so the three event
 types that fill one `trajectories` row never overwrite each other and applying
 the same event twice changes nothing.
 """
@@ -16,29 +16,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from streams.events import PAYLOADS, Event
-from streams.payloads import (
-    SandboxFailed,
-    SandboxReady,
-    SandboxReleased,
-    SandboxRequested,
-    TestsRan,
-    ToolExecuted,
-    TrainerStep,
-    TrajectoryFinished,
-    TrajectoryStarted,
-    TurnGenerated,
-    WeightsPublished,
-)
+from streams.store.wire import WireEvent, packed_count, packed_min
+
+INT32 = 4  # bytes per packed token id
 
 
 @dataclass(frozen=True)
 class StoredEvent:
-    """An event with the Kafka position it was read from (`topic` is the full topic name)."""
+    """An event (as validated on the wire) with the Kafka position it was read from (full topic name)."""
 
-    event: Event
+    event: WireEvent
     topic: str
     partition: int
     offset: int
+    data_json: str | None = None  # the payload's JSON text when the reader has it (else serialised)
 
 
 @dataclass(frozen=True)
@@ -51,7 +42,7 @@ class ProjectionRow:
 
 
 def event_row(stored: StoredEvent) -> dict[str, Any]:
-    """The `events` row: the envelope's columns, `data` as its wire JSON, and the Kafka position."""
+    """The `events` row: the envelope's columns, `data` as its wire JSON text, and the Kafka position."""
     event = stored.event
     return {
         "id": str(event.id),
@@ -66,7 +57,7 @@ def event_row(stored: StoredEvent) -> dict[str, Any]:
         "time_ns": event.time_ns,
         "source": event.source,
         "causation_id": str(event.causation_id) if event.causation_id else None,
-        "data": event.data.model_dump(mode="json"),
+        "data": stored.data_json if stored.data_json is not None else event.data.model_dump_json(),
         "kafka_topic": stored.topic,
         "kafka_partition": stored.partition,
         "kafka_offset": stored.offset,
@@ -98,35 +89,33 @@ def event_from_row(row: Any) -> Event:
     )
 
 
-def projection_rows(event: Event) -> list[ProjectionRow]:
+def projection_rows(event: WireEvent) -> list[ProjectionRow]:
     """The projection rows `event` determines (none for types without a projection)."""
     project = _PROJECTORS.get(event.type)
     return project(event) if project is not None else []
 
 
-def _identity(event: Event) -> dict[str, Any]:
+def _identity(event: WireEvent) -> dict[str, Any]:
     return {"trajectory_id": event.trajectory_id, "run_id": event.run_id, "group_id": event.group_id}
 
 
-def _trajectory_started(event: Event) -> list[ProjectionRow]:
+def _trajectory_started(event: WireEvent) -> list[ProjectionRow]:
     data = event.data
-    assert isinstance(data, TrajectoryStarted)
     values = _identity(event) | {
         "task_id": event.task_id,
         "attempt": data.attempt,
         "retry": data.retry,
         "group_size": data.group_size,
-        "limits": data.limits.model_dump(mode="json"),
+        "limits": data.limits.model_dump_json(),
         "started_ns": event.time_ns,
         "start_policy_version": event.policy_version,
-        "prompt_tokens": len(data.prompt_token_ids),
+        "prompt_tokens": packed_count(data.prompt_token_ids, INT32),
     }
     return [ProjectionRow("trajectories", ("trajectory_id",), values)]
 
 
-def _tests_ran(event: Event) -> list[ProjectionRow]:
+def _tests_ran(event: WireEvent) -> list[ProjectionRow]:
     data = event.data
-    assert isinstance(data, TestsRan)
     values = _identity(event) | {
         "task_id": event.task_id,
         "tests_reward": data.reward,
@@ -139,9 +128,8 @@ def _tests_ran(event: Event) -> list[ProjectionRow]:
     return [ProjectionRow("trajectories", ("trajectory_id",), values)]
 
 
-def _trajectory_finished(event: Event) -> list[ProjectionRow]:
+def _trajectory_finished(event: WireEvent) -> list[ProjectionRow]:
     data = event.data
-    assert isinstance(data, TrajectoryFinished)
     values = _identity(event) | {
         "task_id": event.task_id,
         "finished_ns": event.time_ns,
@@ -158,20 +146,19 @@ def _trajectory_finished(event: Event) -> list[ProjectionRow]:
     return [ProjectionRow("trajectories", ("trajectory_id",), values)]
 
 
-def _turn_generated(event: Event) -> list[ProjectionRow]:
+def _turn_generated(event: WireEvent) -> list[ProjectionRow]:
     data = event.data
-    assert isinstance(data, TurnGenerated)
     values = _identity(event) | {
         "turn": data.turn,
         "event_id": str(event.id),
         "seq": event.seq,
         "time_ns": event.time_ns,
-        "observation_tokens": len(data.observation_token_ids),
-        "output_tokens": len(data.output_token_ids),
+        "observation_tokens": packed_count(data.observation_token_ids, INT32),
+        "output_tokens": packed_count(data.output_token_ids, INT32),
         "finish_reason": data.finish_reason,
         "engine_id": data.engine_id,
         "weight_version": data.weight_version,
-        "oldest_output_version": min(data.output_versions, default=None),
+        "oldest_output_version": packed_min(data.output_versions, "i"),
         "context_tokens": data.context_tokens,
         "queue_wait_s": data.queue_wait_s,
         "latency_s": data.latency_s,
@@ -179,9 +166,8 @@ def _turn_generated(event: Event) -> list[ProjectionRow]:
     return [ProjectionRow("turns", ("trajectory_id", "turn"), values)]
 
 
-def _tool_executed(event: Event) -> list[ProjectionRow]:
+def _tool_executed(event: WireEvent) -> list[ProjectionRow]:
     data = event.data
-    assert isinstance(data, ToolExecuted)
     values = {
         "event_id": str(event.id),
         "trajectory_id": event.trajectory_id,
@@ -200,19 +186,19 @@ def _tool_executed(event: Event) -> list[ProjectionRow]:
     return [ProjectionRow("tool_calls", ("event_id",), values)]
 
 
-def _sandbox(event: Event) -> list[ProjectionRow]:
+def _sandbox(event: WireEvent) -> list[ProjectionRow]:
     data = event.data
-    values: dict[str, Any] = _identity(event) | {"backend": data.backend}  # type: ignore[attr-defined]
-    if isinstance(data, SandboxRequested):
+    values: dict[str, Any] = _identity(event) | {"backend": data.backend}
+    if event.type == "sandbox.requested":
         values["requested_ns"] = event.time_ns
-    elif isinstance(data, SandboxReady):
+    elif event.type == "sandbox.ready":
         values |= {
             "sandbox_id": data.sandbox_id,
             "ready_ns": event.time_ns,
             "queue_wait_s": data.queue_wait_s,
             "start_s": data.start_s,
         }
-    elif isinstance(data, SandboxFailed):
+    elif event.type == "sandbox.failed":
         values |= {
             "failed_ns": event.time_ns,
             "queue_wait_s": data.queue_wait_s,
@@ -220,14 +206,12 @@ def _sandbox(event: Event) -> list[ProjectionRow]:
             "error_message": data.message,
         }
     else:
-        assert isinstance(data, SandboxReleased)
         values |= {"sandbox_id": data.sandbox_id, "released_ns": event.time_ns, "lifetime_s": data.lifetime_s}
     return [ProjectionRow("sandbox_lifecycle", ("trajectory_id",), values)]
 
 
-def _weights_published(event: Event) -> list[ProjectionRow]:
+def _weights_published(event: WireEvent) -> list[ProjectionRow]:
     data = event.data
-    assert isinstance(data, WeightsPublished)
     values = {
         "run_id": event.run_id,
         "version": data.version,
@@ -240,9 +224,8 @@ def _weights_published(event: Event) -> list[ProjectionRow]:
     return [ProjectionRow("weight_versions", ("run_id", "version"), values)]
 
 
-def _trainer_step(event: Event) -> list[ProjectionRow]:
+def _trainer_step(event: WireEvent) -> list[ProjectionRow]:
     data = event.data
-    assert isinstance(data, TrainerStep)
     values = {
         "run_id": event.run_id,
         "step": data.step,
@@ -254,19 +237,19 @@ def _trainer_step(event: Event) -> list[ProjectionRow]:
         "grad_norm": data.grad_norm,
         "mean_logprob_diff": data.mean_logprob_diff,
         "ess": data.ess,
-        "times": dict(data.times),
+        "times": json.dumps(data.times),
         "time_ns": event.time_ns,
     }
     return [ProjectionRow("trainer_steps", ("run_id", "step"), values)]
 
 
-Projector = Callable[[Event], list[ProjectionRow]]
+Projector = Callable[[WireEvent], list[ProjectionRow]]
 
 
 def _needs_trajectory(project: Projector) -> Projector:
     """Rollout projections are keyed by trajectory; an event without one has nothing to project."""
 
-    def guarded(event: Event) -> list[ProjectionRow]:
+    def guarded(event: WireEvent) -> list[ProjectionRow]:
         return project(event) if event.trajectory_id else []
 
     return guarded

@@ -12,6 +12,7 @@ from streams.events import Event
 from streams.store import StoredEvent, load_offsets, open_readonly, open_store, write_batch
 from streams.store.migrate import current_revision, head_revision
 from streams.store.models import Base
+from streams.store.wire import to_wire
 from tests.store.eventgen import generate_events, short_topic
 from tests.store.expect import assert_events_stored, assert_projections, rows, scalar
 
@@ -26,7 +27,7 @@ def positioned(events: list[Event], partitions: int = 3) -> list[StoredEvent]:
         where = (f"t-{short_topic(event)}", index % partitions)
         offset = next_offset.get(where, 0)
         next_offset[where] = offset + 1
-        out.append(StoredEvent(event, where[0], where[1], offset))
+        out.append(StoredEvent(to_wire(event), where[0], where[1], offset))
     return out
 
 
@@ -98,7 +99,7 @@ def test_a_duplicate_event_id_keeps_the_first_copy_everywhere(db_url: str) -> No
     with engine.begin() as conn:
         assert write_batch(conn, stored, ends(stored), "sink") == 3
     with engine.begin() as conn:  # the same id re-emitted at a later offset with other content
-        late = StoredEvent(rewritten, stored[0].topic, stored[0].partition, 99)
+        late = StoredEvent(to_wire(rewritten), stored[0].topic, stored[0].partition, 99)
         assert write_batch(conn, [late], {(late.topic, late.partition): 100}, "sink") == 0
     assert scalar(engine, "SELECT COUNT(*) FROM events") == 3
     assert (

@@ -1,0 +1,208 @@
+"""`rollstream bench sink`: events/s into SQLite through the sink vs a plain batched insert.
+
+Our path: `--events` unique realistic events (the `streams.sample_events` mix,
+turn.generated with `--tokens` tokens and logprobs) are produced to fresh topics
+first; then `streams.sink.Sink` reads them from Kafka into a fresh SQLite store
+(decode, events + projections + offsets per transaction), timed from start until
+the last record is committed. Baseline: the very rows the sink stored, read
+back, inserted into another fresh store with plain batched SQLAlchemy
+`insert(events)` executemany, one transaction per `db.sink_batch_size` rows.
+Rounds alternate the two paths (fresh stores each time) and the medians are
+reported. Last line: `{"events_per_s": ..., "raw_events_per_s": ..., "ratio": ...}`
+(target >= 0.5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from aiokafka.admin import AIOKafkaAdminClient
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from sqlalchemy import insert, select
+
+from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.config import Config
+from rollstream.launcher import kafka as kafka_launcher
+from rollstream.launcher.process import LauncherError
+from streams.bus import EventProducer
+from streams.events import Event, event_id
+from streams.sample_events import bench_mix
+from streams.settings import TopicSettings
+from streams.sink import Sink, SinkProgress
+from streams.store import open_store
+from streams.store.models import EventRow
+from streams.topics import create_topics
+
+TOPIC = "rollout.events"
+UNIQUE_EVENTS = 4096  # generated once; copies get their own ids and trajectories (generation is not measured)
+
+
+def unique_events(count: int, tokens: int) -> list[Event]:
+    """`count` events with distinct ids and trajectories, cycling through a generated mix."""
+    base = bench_mix(min(count, UNIQUE_EVENTS), tokens)
+    out = []
+    for i in range(count):
+        event = base[i % len(base)]
+        if i >= len(base):
+            copy = f"c{i // len(base)}"
+            update: dict[str, Any] = {"id": event_id(f"{event.id}/{copy}", event.seq)}
+            if event.trajectory_id:
+                update["trajectory_id"] = f"{event.trajectory_id}/{copy}"
+            event = event.model_copy(update=update)
+        out.append(event)
+    return out
+
+
+async def produce(
+    config: Config, topics: TopicSettings, events: list[Event], on_progress: Callable[[int], None]
+) -> None:
+    async with EventProducer(config.kafka, topics) as producer:
+        for index, event in enumerate(events, 1):
+            await producer.send(TOPIC, event)
+            if index % 5000 == 0:
+                on_progress(index)
+        await producer.flush()
+    on_progress(len(events))
+
+
+async def sink_into(
+    config: Config, topics: TopicSettings, url: str, count: int, on_progress: Callable[[int], None]
+) -> float:
+    """Seconds for the sink to store `count` records into a fresh store at `url`."""
+    engine = open_store(url)
+    store = config.db.model_copy(update={"sink_topics": (TOPIC,)})
+    sink: Sink
+
+    def progress(totals: SinkProgress) -> None:
+        on_progress(totals.records)
+        if totals.records >= count:
+            sink.stop()
+
+    sink = Sink(config.kafka, topics, store, engine, progress=progress)
+    start = time.perf_counter()
+    totals = await sink.run()
+    elapsed = time.perf_counter() - start
+    engine.dispose()
+    if totals.stored != count:
+        raise RuntimeError(f"the sink stored {totals.stored} of {count} events")
+    return elapsed
+
+
+def plain_insert(
+    rows: list[dict[str, Any]], url: str, batch: int, on_progress: Callable[[int], None]
+) -> float:
+    """Seconds to insert `rows` into `events` of a fresh store, `batch` rows per transaction."""
+    engine = open_store(url)
+    start = time.perf_counter()
+    for first in range(0, len(rows), batch):
+        with engine.begin() as conn:
+            conn.execute(insert(EventRow), rows[first : first + batch])
+        on_progress(min(first + batch, len(rows)))
+    elapsed = time.perf_counter() - start
+    engine.dispose()
+    return elapsed
+
+
+def stored_rows(url: str) -> list[dict[str, Any]]:
+    engine = open_store(url)
+    with engine.connect() as conn:
+        rows = [dict(row._mapping) for row in conn.execute(select(EventRow.__table__))]
+    engine.dispose()
+    return rows
+
+
+async def fresh_topics(config: Config) -> TopicSettings:
+    topics = config.topics.model_copy(update={"prefix": f"bench-sink-{uuid.uuid4().hex[:8]}-"})
+    await create_topics(config.kafka, topics)
+    return topics
+
+
+async def drop_topics(config: Config, topics: TopicSettings) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=config.kafka.bootstrap)
+    await admin.start()
+    try:
+        names = [name for name in await admin.list_topics() if name.startswith(topics.prefix)]
+        await admin.delete_topics(names)
+    finally:
+        await admin.close()
+
+
+async def one_round(
+    config: Config, topics: TopicSettings, count: int, workdir: Path, progress: Progress, label: str
+) -> tuple[float, float]:
+    """Seconds for the sink, then for the plain insert of the rows it stored (fresh stores each)."""
+    sink_db, raw_db = workdir / "sink.db", workdir / "raw.db"
+    sink_task = progress.add_task(f"{label} sink", total=count)
+    raw_task = progress.add_task(f"{label} plain insert", total=count)
+    sink_s = await sink_into(
+        config, topics, f"sqlite:///{sink_db}", count, lambda n: progress.update(sink_task, completed=n)
+    )
+    rows = stored_rows(f"sqlite:///{sink_db}")
+    raw_s = plain_insert(
+        rows,
+        f"sqlite:///{raw_db}",
+        config.db.sink_batch_size,
+        lambda n: progress.update(raw_task, completed=n),
+    )
+    for path in workdir.iterdir():  # the next round starts from empty stores
+        path.unlink()
+    return sink_s, raw_s
+
+
+async def run(config: Config, count: int, tokens: int, rounds: int, workdir: Path) -> dict[str, float]:
+    events = unique_events(count, tokens)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    topics = await fresh_topics(config)
+    ours: list[float] = []
+    raw: list[float] = []
+    try:
+        with Progress(*columns, console=console) as progress:
+            produced = progress.add_task("produce", total=count)
+            await produce(config, topics, events, lambda n: progress.update(produced, completed=n))
+            for number in range(1, rounds + 1):
+                sink_s, raw_s = await one_round(config, topics, count, workdir, progress, f"round {number}")
+                ours.append(count / sink_s)
+                raw.append(count / raw_s)
+                progress.console.print(
+                    f"round {number}: sink {ours[-1]:,.0f} events/s, plain insert {raw[-1]:,.0f} events/s"
+                )
+    finally:
+        await drop_topics(config, topics)
+    ours_median, raw_median = statistics.median(ours), statistics.median(raw)
+    return {
+        "events": count,
+        "rounds": rounds,
+        "events_per_s": round(ours_median, 1),
+        "raw_events_per_s": round(raw_median, 1),
+        "ratio": round(ours_median / raw_median, 3),
+    }
+
+
+def command(
+    config: ConfigPath = None,
+    overrides: Overrides = None,
+    events: Annotated[int, typer.Option(help="events to sink")] = 100_000,
+    tokens: Annotated[int, typer.Option(help="output tokens per turn.generated")] = 300,
+    rounds: Annotated[int, typer.Option(help="rounds of both paths (alternating); medians reported")] = 3,
+) -> None:
+    """Events/s into SQLite through the sink (from Kafka) vs a plain batched insert (target ratio >= 0.5)."""
+    cfg = read_config(config, overrides)
+    if cfg.kafka.bootstrap == f"127.0.0.1:{cfg.broker.port}":  # the local broker: start it if needed
+        try:
+            kafka_launcher.ensure_up(cfg)
+        except LauncherError as error:
+            fail(str(error))
+    with tempfile.TemporaryDirectory(
+        prefix="rollstream-bench-sink-", dir=cfg.state_dir if cfg.state_dir.exists() else None
+    ) as workdir:
+        result = asyncio.run(run(cfg, events, tokens, rounds, Path(workdir)))
+    print(json.dumps(result))

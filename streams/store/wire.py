@@ -1,0 +1,175 @@
+"""Events validated as they are on the wire, token arrays left packed: what the SQL store keeps.
+
+The sink must validate every record (a record that is not a valid event goes to
+`deadletter`), but it never needs the token arrays as Python lists: `events.data`
+keeps them packed (base64, `streams.packed`) and the projections need only their
+lengths and a minimum. So each payload model gets a wire twin (`WIRE_PAYLOADS`)
+whose packed-array fields are the base64 text, checked (valid base64, whole items)
+but not unpacked; JSON lists (hand-written records) are validated as the model
+would and packed. Everything else — every other field, constraint and nested
+model — is the payload model's own. Validation runs in pydantic-core straight
+from the record's bytes.
+
+Records under an older schema version, and records that fail here, go through
+`streams.events.decode_event`, so upcasting and the error message are the
+reference behaviour; `decode_wire` raises `DecodeError` exactly when it does.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Annotated, Any, Literal, Union
+
+import pybase64
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+)
+
+from streams.events import PAYLOADS, Event, decode_event, encode_event
+from streams.packed import Logprobs, LossMask, TokenIds, pack, unpack
+
+# The BeforeValidator that marks each packed array type -> (array typecode, element type).
+_PACKED_KINDS: dict[int, tuple[str, type]] = {
+    id(TokenIds.__metadata__[0]): ("i", int),
+    id(LossMask.__metadata__[0]): ("b", int),
+    id(Logprobs.__metadata__[0]): ("d", float),
+}
+
+
+def _packed_type(typecode: str, element: type) -> Any:
+    """Base64 text of `typecode` items; a JSON list is validated as `list[element]` and packed."""
+    items: TypeAdapter[list[Any]] = TypeAdapter(list[element])  # type: ignore[valid-type]
+    itemsize = array(typecode).itemsize
+
+    def pack_list(value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        try:
+            return pack(items.validate_python(value), typecode)
+        except OverflowError:
+            raise ValueError(f"array items do not fit {itemsize}-byte '{typecode}' values") from None
+
+    def check(value: str) -> str:
+        try:
+            size = len(pybase64.b64decode(value, validate=True))
+        except ValueError as error:
+            raise ValueError(f"packed array is not valid base64: {error}") from None
+        if size % itemsize:
+            raise ValueError(f"packed array has {size} bytes, not a multiple of {itemsize}")
+        return value
+
+    return Annotated[str, BeforeValidator(pack_list), AfterValidator(check)]
+
+
+def _wire_payload(model: type[BaseModel]) -> type[BaseModel]:
+    overrides: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        kind = next((_PACKED_KINDS[id(m)] for m in info.metadata if id(m) in _PACKED_KINDS), None)
+        if kind is not None:
+            default = "" if info.default_factory is list else ...
+            overrides[name] = (_packed_type(*kind), Field(default=default, description=info.description))
+    if not overrides:
+        return model
+    return create_model("Wire" + model.__name__, __base__=model, **overrides)  # type: ignore[call-overload, no-any-return]
+
+
+WIRE_PAYLOADS: dict[str, type[BaseModel]] = {kind: _wire_payload(model) for kind, model in PAYLOADS.items()}
+_ENVELOPE_FIELDS: dict[str, Any] = {
+    name: (info.annotation, info) for name, info in Event.model_fields.items() if name not in ("type", "data")
+}
+
+
+class WireEvent(BaseModel):
+    """An event as validated on the wire: `Event`'s envelope, `data` a wire payload (arrays packed)."""
+
+    model_config = Event.model_config
+    id: Any
+    type: str
+    schema_version: int
+    run_id: str
+    group_id: str | None
+    trajectory_id: str | None
+    task_id: str | None
+    seq: int
+    policy_version: int
+    time_ns: int
+    source: str
+    causation_id: Any
+    data: Any
+
+
+def _envelope(kind: str, payload: type[BaseModel]) -> type[WireEvent]:
+    return create_model(  # type: ignore[call-overload, no-any-return]
+        "Wire_" + kind.replace(".", "_"),
+        __base__=WireEvent,
+        type=(Literal[kind], ...),
+        data=(payload, ...),
+        **_ENVELOPE_FIELDS,
+    )
+
+
+_ANY_WIRE_EVENT: TypeAdapter[Any] = TypeAdapter(
+    Annotated[
+        Union[tuple(_envelope(kind, payload) for kind, payload in WIRE_PAYLOADS.items())],  # noqa: UP007
+        Field(discriminator="type"),
+    ]
+)
+_CURRENT = {kind: payload.SCHEMA_VERSION for kind, payload in PAYLOADS.items()}
+_HAS_PACKED_ARRAYS = frozenset(kind for kind, wire in WIRE_PAYLOADS.items() if wire is not PAYLOADS[kind])
+_DATA_KEY = b',"data":{'  # only the envelope's `data` holds an object, so this is the top-level key
+
+
+def decode_wire(value: bytes | str) -> WireEvent:
+    """A record as a `WireEvent`; raises `streams.events.DecodeError` when `decode_event` would."""
+    return decode_record(value if isinstance(value, bytes) else value.encode())[0]
+
+
+def decode_record(value: bytes) -> tuple[WireEvent, str]:
+    """A record as a `WireEvent` and its payload's JSON text (`DecodeError` as `decode_event`)."""
+    try:
+        event: WireEvent = _ANY_WIRE_EVENT.validate_json(value)
+    except ValidationError:
+        event = to_wire(decode_event(value))  # names the error, or upcasts an older version
+        return event, event.data.model_dump_json()
+    if event.schema_version != _CURRENT[event.type]:
+        event = to_wire(decode_event(value))
+        return event, event.data.model_dump_json()
+    return event, _data_text(value, event)
+
+
+def _data_text(value: bytes, event: WireEvent) -> str:
+    """The payload's JSON text, cut from the record when that is safe, else serialised again.
+
+    Safe: one `"data":` key, followed by an object, and it is the last top-level value
+    (the record ends in `}}`: every other envelope field is a scalar). Payloads with
+    packed arrays must contain no `[` (a hand-written list form is stored packed)."""
+    start = value.find(_DATA_KEY)
+    end = len(value.rstrip())
+    if start >= 0 and value.endswith(b"}}", 0, end) and value.count(b'"data":') == 1:
+        text = value[start + len(_DATA_KEY) - 1 : end - 1]
+        if event.type not in _HAS_PACKED_ARRAYS or b"[" not in text:
+            return text.decode()
+    return str(event.data.model_dump_json())
+
+
+def to_wire(event: Event) -> WireEvent:
+    """The `WireEvent` of a typed event (tests and upcast records)."""
+    wire: WireEvent = _ANY_WIRE_EVENT.validate_json(encode_event(event))
+    return wire
+
+
+def packed_count(value: str, itemsize: int) -> int:
+    """Items in a packed array without decoding it (base64 length minus padding)."""
+    padding = value.count("=", max(len(value) - 2, 0))
+    return (len(value) * 3 // 4 - padding) // itemsize
+
+
+def packed_min(value: str, typecode: str) -> Any:
+    """The smallest item of a packed array, None when empty."""
+    return min(unpack(value, typecode), default=None)
