@@ -71,3 +71,22 @@ def live_processes_of(uid: int) -> list[int]:
         if state not in (b"Z", b"X"):
             found.append(int(name))
     return found
+
+
+def exec_server_pid(bwrap_pid: int) -> int:
+    """The exec server: the python process below `bwrap_pid` (bwrap → bwrap init → server)."""
+    children: dict[int, list[int]] = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    frontier = [bwrap_pid]
+    while frontier:
+        pid = frontier.pop()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"bwrap_server.py" in cmdline and not cmdline.startswith(b"bwrap"):
+            return pid
+        frontier.extend(children.get(pid, []))
+    raise AssertionError("exec server not found")

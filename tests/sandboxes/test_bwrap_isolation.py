@@ -18,7 +18,7 @@ import pytest
 from sandboxes.bwrap import BwrapSandbox, BwrapSandboxFactory
 from sandboxes.pool import SandboxPool
 from sandboxes.settings import SandboxSettings
-from tests.sandboxes.conftest import live_processes_of
+from tests.sandboxes.conftest import exec_server_pid, live_processes_of
 
 pytestmark = pytest.mark.timeout(180)
 KAFKA_BROKER = ("127.0.0.1", 19092)
@@ -80,11 +80,16 @@ async def test_no_network_not_even_the_local_kafka_broker(box: BwrapSandbox) -> 
 async def test_fork_bomb_is_contained(
     box: BwrapSandbox, settings: SandboxSettings, factory: BwrapSandboxFactory, repo: Path
 ) -> None:
-    bomb = "bomb() { bomb | bomb & }; bomb; sleep 3; echo survived"
-    result = await box.exec(bomb, timeout=8)
-    assert result.exit_code is not None  # a result: the command's failure, not an infra error
     assert box.uid is not None
-    assert len(live_processes_of(box.uid)) <= settings.limits.max_processes
+    bomb = "bomb() { bomb | bomb & }; bomb; sleep 3; echo survived"
+    running = asyncio.create_task(box.exec(bomb, timeout=8))
+    peak = 0
+    while not running.done():
+        peak = max(peak, len(live_processes_of(box.uid)))
+        await asyncio.sleep(0.05)
+    result = running.result()  # a result (the command's failure), not an infra error
+    assert result.timed_out or result.exit_code is not None
+    assert 2 <= peak <= settings.limits.max_processes, peak
     after = await box.exec("echo same box works", timeout=30)
     assert after.stdout == "same box works\n", after
     await assert_pool_still_serves(settings, factory, repo)
@@ -101,6 +106,15 @@ async def test_a_gigabyte_of_output_is_cut_without_filling_memory(box: BwrapSand
     assert result.stdout.startswith("xxxx") and result.stdout.endswith("tail-marker\n")
     assert "bytes omitted" in result.stdout
     assert grew_mb < 100, f"our RSS grew {grew_mb:.0f} MB"
+    assert box._process is not None
+    server_peak_kb = int(
+        next(
+            line.split()[1]
+            for line in Path(f"/proc/{exec_server_pid(box._process.pid)}/status").read_text().splitlines()
+            if line.startswith("VmHWM:")
+        )
+    )
+    assert server_peak_kb < 100 * 1024, f"the exec server peaked at {server_peak_kb // 1024} MB"
 
 
 async def test_a_memory_hog_is_stopped_and_classified(box: BwrapSandbox) -> None:

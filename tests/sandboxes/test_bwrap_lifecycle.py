@@ -12,6 +12,7 @@ from sandboxes.backends import make_factory
 from sandboxes.base import BackendUnavailableError, SandboxLostError, SandboxStartError, SandboxTimeoutError
 from sandboxes.bwrap import BwrapSandbox, BwrapSandboxFactory
 from sandboxes.settings import BwrapSettings, SandboxSettings
+from tests.sandboxes.conftest import exec_server_pid
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -97,25 +98,6 @@ async def test_a_sandbox_that_cannot_start_is_a_start_error(settings: SandboxSet
 def test_missing_bubblewrap_is_reported_clearly() -> None:
     with pytest.raises(BackendUnavailableError, match="bubblewrap"):
         make_factory(SandboxSettings(bwrap=BwrapSettings(bwrap_path="/no/bwrap")))
-
-
-def exec_server_pid(bwrap_pid: int) -> int:
-    """The exec server: the python process below `bwrap_pid` (bwrap → bwrap init → server)."""
-    children: dict[int, list[int]] = {}
-    for name in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            ppid = int(Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(name))
-    frontier = [bwrap_pid]
-    while frontier:
-        pid = frontier.pop()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if b"bwrap_server.py" in cmdline and not cmdline.startswith(b"bwrap"):
-            return pid
-        frontier.extend(children.get(pid, []))
-    raise AssertionError("exec server not found")
 
 
 async def test_downloading_a_missing_file_is_a_caller_error(box: BwrapSandbox, tmp_path: Path) -> None:
