@@ -153,3 +153,18 @@ async def test_cpu_limit_ends_a_spinning_command(
         await box.stop()
     assert not result.timed_out
     assert result.killed_reason == "cpu", result
+
+
+async def test_process_and_file_size_limits_are_classified(settings: SandboxSettings) -> None:
+    small = settings.limits.model_copy(update={"file_size_mb": 1, "max_processes": 16})
+    box = BwrapSandboxFactory(settings.model_copy(update={"limits": small})).create(None)
+    await box.start()
+    try:
+        too_big = await box.exec("head -c 2000000 /dev/zero > big.bin", timeout=60)
+        size = (await box.exec("stat -c %s big.bin")).stdout.strip()
+        too_many = await box.exec("for i in $(seq 40); do sleep 2 & done; wait", timeout=60)
+    finally:
+        await box.stop()
+    assert too_big.killed_reason == "file_size", too_big
+    assert size == str(1 << 20)
+    assert too_many.exit_code != 0 and too_many.killed_reason == "processes", too_many
