@@ -13,12 +13,20 @@ are exactly the reference behaviour.
 
 from __future__ import annotations
 
+import struct
 import uuid
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+import pybase64
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, create_model
+from pydantic.fields import FieldInfo
 
 from streams.events import PAYLOADS, Event, decode_event
+from streams.packed import Logprobs, LossMask, TokenIds
+from streams.payloads import Payload
+
+M = TypeVar("M", bound=BaseModel)
 
 _ENVELOPE_FIELDS: dict[str, Any] = {
     "id": (uuid.UUID, ...),
@@ -35,9 +43,57 @@ _ENVELOPE_FIELDS: dict[str, Any] = {
 }
 
 
-def _envelope(kind: str, payload: type[BaseModel]) -> type[BaseModel]:
+_PACKED_TYPECODES = {id(get_args(alias)[1]): code for alias, code in ((TokenIds, "i"), (LossMask, "b"),
+                                                                        (Logprobs, "d"))}  # fmt: skip
+
+
+def _packed_typecode(info: FieldInfo) -> str | None:
+    """'i', 'b' or 'd' when the field is one of `streams.packed`'s array types."""
+    return next((_PACKED_TYPECODES[id(m)] for m in info.metadata if id(m) in _PACKED_TYPECODES), None)
+
+
+def _unpacker(typecode: str) -> Callable[[Any], list[Any]]:
+    """`streams.packed.unpack` for the packed (base64) form only, with struct (faster than
+    array + tolist) and no per-item re-validation: the items are ints/floats by construction.
+    JSON lists (older records) are refused here and take the reference path."""
+    size = struct.calcsize("<" + typecode)
+
+    def unpack_packed(value: Any) -> list[Any]:
+        if not isinstance(value, str):
+            raise ValueError("not a packed array")
+        raw = pybase64.b64decode(value, validate=True)
+        count, rest = divmod(len(raw), size)
+        if rest:
+            raise ValueError("packed array length is not a multiple of its item size")
+        return list(struct.unpack(f"<{count}{typecode}", raw))
+
+    return unpack_packed
+
+
+def _wire_payload(payload: type[Payload]) -> type[Payload]:
+    """`payload` with its packed arrays read by `_unpacker` (the payload itself when it has none)."""
+    overrides: dict[str, Any] = {}
+    for name, info in payload.model_fields.items():
+        code = _packed_typecode(info)
+        if code is not None:
+            default = info.get_default(call_default_factory=False) if not info.is_required() else ...
+            field = Field(default_factory=info.default_factory) if info.default_factory else Field(default)
+            overrides[name] = (Annotated[info.annotation, PlainValidator(_unpacker(code))], field)
+    if not overrides:
+        return payload
+    wire = create_model(payload.__name__ + "Wire", __base__=payload, **overrides)  # type: ignore[call-overload]
+    if list(wire.model_fields) != list(payload.model_fields):
+        raise AssertionError(f"{payload.__name__}: wire model reorders fields")
+    _PAYLOAD_OF[wire] = payload
+    return wire  # type: ignore[no-any-return]
+
+
+_PAYLOAD_OF: dict[type[BaseModel], type[Payload]] = {}
+
+
+def _envelope(kind: str, payload: type[Payload]) -> type[BaseModel]:
     """The envelope of one type; fields in `Event`'s order, so its `__dict__` can become an Event's."""
-    own = {"type": (Literal[kind], ...), "data": (payload, ...)}
+    own = {"type": (Literal[kind], ...), "data": (_wire_payload(payload), ...)}
     fields = {name: own.get(name) or _ENVELOPE_FIELDS[name] for name in Event.model_fields}
     return create_model(  # type: ignore[call-overload, no-any-return]
         "Envelope_" + kind.replace(".", "_"), __config__=ConfigDict(frozen=True, extra="forbid"), **fields
@@ -80,9 +136,18 @@ def _type_name(raw: bytes) -> bytes:
 def _as_event(envelope: BaseModel) -> Event:
     """The validated envelope's fields as an `Event`, without validating them again
     (what `Event.model_construct` does, minus its per-field Python loop)."""
-    event = Event.__new__(Event)
-    object.__setattr__(event, "__dict__", envelope.__dict__)  # the envelope is not used again
-    object.__setattr__(event, "__pydantic_fields_set__", envelope.__pydantic_fields_set__)
-    object.__setattr__(event, "__pydantic_extra__", None)
-    object.__setattr__(event, "__pydantic_private__", None)
-    return event
+    values = envelope.__dict__  # the envelope is not used again
+    payload = _PAYLOAD_OF.get(type(values["data"]))
+    if payload is not None:
+        values["data"] = _rebuilt(payload, values["data"])
+    return _rebuilt(Event, envelope, values)
+
+
+def _rebuilt(cls: type[M], source: BaseModel, values: dict[str, Any] | None = None) -> M:
+    """An instance of `cls` holding `source`'s validated values (same field order)."""
+    instance = cls.__new__(cls)
+    object.__setattr__(instance, "__dict__", source.__dict__ if values is None else values)
+    object.__setattr__(instance, "__pydantic_fields_set__", source.__pydantic_fields_set__)
+    object.__setattr__(instance, "__pydantic_extra__", None)
+    object.__setattr__(instance, "__pydantic_private__", None)
+    return instance
