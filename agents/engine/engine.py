@@ -6,10 +6,12 @@ and every running request and applies those calls between steps. Each step:
 
 1. apply aborts (the partial output comes back with finish reason "abort");
 2. admit queued requests while fewer than `max_running_requests` run and their
-   reserved tokens (input + max_new_tokens) fit in `kv_cache_tokens`;
+   reserved tokens (input + max_new_tokens) fit in `kv_cache_tokens`; an admitted
+   prompt starts from the longest prefix in the prefix cache (earlier turns);
 3. prefill: at most `prefill_chunk_tokens` prompt tokens, so a long prompt is spread
    over several steps instead of stalling every decoding request;
-4. decode: one batched forward over all decoding requests, one token each.
+4. decode: one batched forward per length bucket over all decoding requests, one
+   token each (`batch.Decoder`: padding is bounded, a long request costs its length).
 
 Context cap (`context_length`): input at or over the cap is refused with
 `ContextLengthError`; `max_new_tokens` is clamped to what the cap leaves, and a
