@@ -19,6 +19,11 @@ Exec overhead: the same command (`EXEC_COMMAND`, an agent-style grep over the
 repository) run `--exec-n` times through `Sandbox.exec` and as a plain
 `/bin/sh -c` subprocess from the same event loop, interleaved;
 `exec_overhead_ratio` = median sandbox exec / median plain subprocess.
+
+`--hold-s` (default 5 s) stands in for an episode, which in a real run holds
+its sandbox for minutes: shorter holds ask the warm pool to refill faster than
+a real run would. `load_avg_1m` is reported because the figures on a shared
+machine move with its load.
 """
 
 from __future__ import annotations
