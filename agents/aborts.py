@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from streams.bus import EventConsumer
+from streams.bus import Consumed, EventConsumer
 from streams.events import Event
 from streams.payloads import RolloutAbort
 from streams.settings import KafkaSettings, TopicSettings
@@ -36,7 +36,7 @@ class AbortFollower:
         self.on_abort = on_abort
         self.poll_ms = poll_ms
         self.reasons: dict[str, str] = {}
-        self.ready = asyncio.Event()
+        self.caught_up = asyncio.Event()
 
     def reason(self, trajectory_id: str) -> str | None:
         """Why `trajectory_id` was aborted, or None."""
@@ -52,14 +52,27 @@ class AbortFollower:
         return fresh
 
     async def run(self) -> None:
-        """Follow the topic until cancelled."""
+        """Follow the topic until cancelled; `caught_up` is set once every abort written
+        before the start has been applied."""
         consumer = EventConsumer(
             self.kafka, self.topics, ["rollout.control"], group_id=None, name=self.name, from_beginning=True
         )
         async with consumer:
-            self.ready.set()
+            await self._catch_up(consumer)
+            self.caught_up.set()
             while True:
-                for consumed in await consumer.batch(timeout_ms=self.poll_ms):
-                    for trajectory in self.apply(consumed.event):
-                        log.info("abort %s: %s", trajectory, self.reasons[trajectory])
-                        self.on_abort(trajectory, self.reasons[trajectory])
+                self._apply_all(await consumer.batch(timeout_ms=self.poll_ms))
+
+    async def _catch_up(self, consumer: EventConsumer) -> None:
+        raw = consumer.consumer
+        while not raw.assignment():
+            self._apply_all(await consumer.batch(timeout_ms=100))
+        ends = await raw.end_offsets(list(raw.assignment()))
+        while any([await raw.position(tp) < end for tp, end in ends.items()]):
+            self._apply_all(await consumer.batch(timeout_ms=self.poll_ms))
+
+    def _apply_all(self, batch: list[Consumed]) -> None:
+        for consumed in batch:
+            for trajectory in self.apply(consumed.event):
+                log.info("abort %s: %s", trajectory, self.reasons[trajectory])
+                self.on_abort(trajectory, self.reasons[trajectory])

@@ -169,7 +169,10 @@ class RolloutWorker:
                 asyncio.create_task(self.aborts.run(), name="rollout-aborts"),
                 asyncio.create_task(self._commit_loop(requests), name="rollout-commit"),
             ]
+            for helper in helpers:  # a helper that dies stops the worker, like a failed episode
+                helper.add_done_callback(self._helper_done)
             try:
+                await self._wait_for_aborts(helpers[0])
                 await self._serve(requests, stop)
             finally:
                 await self._cancel(self._running)
@@ -177,6 +180,24 @@ class RolloutWorker:
                 with contextlib.suppress(Exception):
                     await producer.flush()
                 await self._commit(requests)
+
+    def _helper_done(self, helper: asyncio.Task[None]) -> None:
+        if helper.cancelled():
+            return  # shutdown
+        error = helper.exception() or RolloutWorkerError(f"{helper.get_name()} stopped")
+        self.failure = self.failure or error
+        self._slot_freed.set()
+
+    async def _wait_for_aborts(self, follower: asyncio.Task[None]) -> None:
+        """Start episodes only once aborts written before now are known (no race at start)."""
+        caught_up = asyncio.create_task(self.aborts.caught_up.wait())
+        await asyncio.wait({caught_up, follower}, timeout=60.0, return_when="FIRST_COMPLETED")
+        caught_up.cancel()
+        if follower.done():
+            follower.result()  # raises the follower's error
+            raise RolloutWorkerError("the rollout.control follower stopped")
+        if not self.aborts.caught_up.is_set():
+            raise RolloutWorkerError("could not read rollout.control within 60 s; is Kafka up?")
 
     async def _serve(self, requests: EventConsumer, stop: asyncio.Event) -> None:
         stopping = asyncio.create_task(stop.wait())
