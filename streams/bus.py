@@ -34,8 +34,8 @@ from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
 
-from streams.events import DecodeError, Event, encode_event, make_event
-from streams.fast_decode import decode_event_fast
+from streams.events import DecodeError, Event, make_event
+from streams.fast_decode import decode_event_fast, encode_event_fast
 from streams.payloads import DeadLetterRecord
 from streams.settings import KafkaSettings, TopicSettings
 from streams.topics import topic_name
@@ -112,11 +112,11 @@ class EventProducer:
 
     async def send(self, short_topic: str, event: Event) -> None:
         """Enqueue `event` (key: `event.key`); returns without waiting for the broker."""
-        await self.send_raw(short_topic, encode_event(event), event.key)
+        await self.send_raw(short_topic, encode_event_fast(event), event.key)
 
     async def send_and_wait(self, short_topic: str, event: Event) -> None:
         """Send `event` and return once the broker has acked it."""
-        tp, batch = await self._append(short_topic, encode_event(event), event.key)
+        tp, batch = await self._append(short_topic, encode_event_fast(event), event.key)
         if self._open.get(tp) is batch:
             await self._submit(tp)
         await batch.handed_over.wait()  # the linger loop may be handing it over right now

@@ -11,8 +11,8 @@ import pytest
 
 from rollstream.config import Config
 from streams.bus import Consumed, EventConsumer, EventProducer, read_topic
-from streams.events import PAYLOADS, ROLLOUT_EVENT_TYPES, Event, decode_event, encode_event
-from streams.fast_decode import decode_event_fast
+from streams.events import PAYLOADS, ROLLOUT_EVENT_TYPES, DecodeError, Event, decode_event, encode_event
+from streams.fast_decode import decode_event_fast, encode_event_fast
 from streams.sample_events import sample_event
 
 PER_TYPE = 10_000
@@ -27,14 +27,40 @@ TOPIC_OF = {kind: "rollout.events" for kind in ROLLOUT_EVENT_TYPES} | {
 }
 
 
-def test_fast_decode_equals_reference_decode() -> None:
+def test_fast_codec_equals_reference_codec() -> None:
     for kind in PAYLOADS:
         for i in range(5):
-            raw = encode_event(sample_event(kind, i, tokens=40))
+            event = sample_event(kind, i, tokens=40 * i)
+            raw = encode_event(event)
+            assert encode_event_fast(event) == raw
             fast, reference = decode_event_fast(raw), decode_event(raw)
             assert fast == reference
             assert encode_event(fast) == raw
             assert fast.model_fields_set == reference.model_fields_set
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"output_token_ids": [5, 6, 7]},  # arrays as JSON lists (records written before packing)
+        {"output_token_ids": "!!not base64"},
+        {"output_logprobs": "AAAA"},  # 3 bytes: not a whole float64
+        {"engine_id": 7},
+    ],
+)
+def test_fast_decode_falls_back_to_reference_results(change: dict[str, object]) -> None:
+    raw = json.loads(encode_event(sample_event("turn.generated", 3, tokens=3)))
+    raw["data"] |= change
+    value = json.dumps(raw, separators=(",", ":")).encode()
+    try:
+        expected: Event | str = decode_event(value)
+    except DecodeError as error:
+        expected = error.reason
+    try:
+        got: Event | str = decode_event_fast(value)
+    except DecodeError as error:
+        got = error.reason
+    assert got == expected
 
 
 @pytest.mark.timeout(900)
