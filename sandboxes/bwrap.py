@@ -48,10 +48,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
+import itertools
 import marshal
 import os
 import shutil
-import signal
 import tarfile
 import tempfile
 import time
@@ -70,6 +70,7 @@ from sandboxes.base import (
 )
 from sandboxes.bwrap_args import bwrap_argv, python_home
 from sandboxes.bwrap_process import Reaper
+from sandboxes.bwrap_results import copy_any, exec_result, raise_transfer_error
 from sandboxes.bwrap_uids import UidAllocator, UidsExhaustedError
 from sandboxes.settings import SandboxSettings
 from sandboxes.workspace import (
@@ -82,14 +83,6 @@ from sandboxes.workspace import (
 )
 
 SERVER_SCRIPT = Path(__file__).with_name("bwrap_server.py")
-MEMORY_MARKERS = (
-    b"MemoryError",
-    b"Cannot allocate memory",
-    b"out of memory",
-    b"bad_alloc",
-    b"memory exhausted",
-)
-PROCESS_MARKERS = (b"fork: retry", b"Cannot fork", b"can't fork", b"Resource temporarily unavailable")
 
 
 class BwrapSandboxFactory:
@@ -131,6 +124,13 @@ class BwrapSandbox:
         self._uid: int | None = None
         self._process: asyncio.subprocess.Process | None = None
         self._lock = asyncio.Lock()
+        # replies are matched to requests by id, read by one task per sandbox: a caller cancelled
+        # mid-exec must neither leave half a frame unread nor get the previous command's reply
+        self._request_ids = itertools.count()
+        self._pending: dict[int, asyncio.Future[dict]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._lost: str | None = None
+        self._server_busy_until = 0.0  # monotonic deadline of requests whose callers gave up
 
     @property
     def uid(self) -> int | None:
@@ -191,6 +191,7 @@ class BwrapSandbox:
             raise SandboxStartError(message, backend="bwrap") from error
         if ready.get("op") != "ready":
             raise SandboxStartError(f"sandbox {self.id} sent {ready!r} instead of ready", backend="bwrap")
+        self._reader = asyncio.get_running_loop().create_task(self._read_replies())
 
     async def attach_workspace(self, workspace: Path | None) -> None:
         """Fill a started sandbox's (empty) workspace with a copy of `workspace` (warm pool handoff)."""
@@ -257,6 +258,11 @@ class BwrapSandbox:
         began = time.monotonic()
         process, self._process = self._process, None
         uid, self._uid = self._uid, None
+        if self._reader is not None:
+            self._reader.cancel()
+        for waiter in self._pending.values():
+            if not waiter.done():
+                waiter.set_exception(SandboxLostError(f"sandbox {self.id} was stopped", backend="bwrap"))
         release = functools.partial(self._factory.uids.release, uid) if uid is not None else lambda: None
         if process is not None and process.returncode is None:
             # the uid is free again only once every process of the sandbox is gone
@@ -267,14 +273,22 @@ class BwrapSandbox:
         self.timings.stop_s = time.monotonic() - began
 
     async def _call(self, request: dict[str, object], wait_s: float) -> dict:
-        if self._process is None:
+        if self._process is None or self._process.stdin is None:
             raise SandboxLostError(f"sandbox {self.id} is not running", backend="bwrap")
+        if self._lost is not None:
+            raise SandboxLostError(self._lost, backend="bwrap")
         async with self._lock:
+            request_id = next(self._request_ids)
+            reply_future: asyncio.Future[dict] = asyncio.get_running_loop().create_future()
+            self._pending[request_id] = reply_future
+            now = time.monotonic()
+            wait_s += max(0.0, self._server_busy_until - now)  # the server finishes abandoned work first
+            self._server_busy_until = now + wait_s
             try:
-                body = marshal.dumps(request)
+                body = marshal.dumps({**request, "id": request_id})
                 self._process.stdin.write(len(body).to_bytes(4, "big") + body)
                 await self._process.stdin.drain()
-                reply = await asyncio.wait_for(self._read_frame(), wait_s)
+                reply = await asyncio.wait_for(reply_future, wait_s)
             except TimeoutError as error:
                 await self.stop()
                 raise SandboxTimeoutError(
@@ -283,9 +297,25 @@ class BwrapSandbox:
             except (BrokenPipeError, ConnectionResetError) as error:
                 message = f"sandbox {self.id} is gone: {self._log_tail()}"
                 raise SandboxLostError(message, backend="bwrap") from error
+            finally:
+                self._pending.pop(request_id, None)
+            self._server_busy_until = 0.0  # it answers in order: everything before is done
         if "error" in reply and request["op"] == "exec":
             raise SandboxLostError(f"sandbox {self.id} server failed: {reply['error']}", backend="bwrap")
         return reply
+
+    async def _read_replies(self) -> None:
+        try:
+            while True:
+                reply = await self._read_frame()
+                waiter = self._pending.get(reply.get("id", -1))
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(reply)
+        except SandboxLostError as error:
+            self._lost = str(error)
+            for waiter in self._pending.values():
+                if not waiter.done():
+                    waiter.set_exception(SandboxLostError(self._lost, backend="bwrap"))
 
     async def _read_frame(self) -> dict:
         assert self._process is not None and self._process.stdout is not None
@@ -337,59 +367,3 @@ class BwrapSandbox:
         }
         env.update(extra or {})
         return env
-
-
-def copy_any(source: Path, dest: Path) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if source.is_dir():
-        shutil.copytree(source, dest, symlinks=True, dirs_exist_ok=True)
-    else:
-        shutil.copy2(source, dest)
-
-
-def raise_transfer_error(reply: dict, what: str) -> None:
-    """A failed upload/download is the caller's error (a missing path, no permission), not infra."""
-    if "error" not in reply:
-        return
-    error = reply["error"]
-    if error.startswith("FileNotFoundError"):
-        raise FileNotFoundError(f"cannot {what}: {error}")
-    raise OSError(f"cannot {what}: {error}")
-
-
-def exec_result(reply: dict) -> ExecResult:
-    exit_code = reply["exit_code"]
-    if exit_code < 0:
-        exit_code = 128 - exit_code  # killed by a signal: the shell's convention
-    return ExecResult(
-        exit_code=exit_code,
-        stdout=reply["stdout"].decode(errors="replace"),
-        stderr=reply["stderr"].decode(errors="replace"),
-        duration_s=reply["duration_s"],
-        timed_out=reply["timed_out"],
-        output_bytes=reply["output_bytes"],
-        output_truncated=reply["truncated"],
-        killed_reason=killed_reason(reply),
-    )
-
-
-def killed_reason(reply: dict) -> str | None:
-    """Which limit ended the command, if any (rlimit failures are read from its error output)."""
-    if reply["timed_out"]:
-        return "timeout"
-    code = reply["exit_code"]
-    if code == 0:
-        return None
-    died_of = -code if code < 0 else code - 128  # the command, or the shell reporting its child
-    if died_of == signal.SIGXCPU:
-        return "cpu"
-    if died_of == signal.SIGXFSZ:
-        return "file_size"
-    if died_of == signal.SIGKILL:
-        return "killed"
-    stderr = reply["stderr"]
-    if any(marker in stderr for marker in MEMORY_MARKERS):
-        return "memory"
-    if any(marker in stderr for marker in PROCESS_MARKERS):
-        return "processes"
-    return None

@@ -311,6 +311,7 @@ def main():
             reply = handle(request, uid, gid)
         except Exception as error:
             reply = {"error": f"{type(error).__name__}: {error}"}
+        reply["id"] = request.get("id")
         write_frame(stdout, reply)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from pathlib import Path
@@ -106,3 +107,14 @@ async def test_downloading_a_missing_file_is_a_caller_error(box: BwrapSandbox, t
     with pytest.raises(FileNotFoundError):
         await box.download("missing.txt", tmp_path / "missing.txt")
     assert (await box.exec("echo still fine")).stdout == "still fine\n"
+
+
+async def test_an_exec_abandoned_by_its_caller_does_not_answer_the_next_one(box: BwrapSandbox) -> None:
+    abandoned = asyncio.create_task(box.exec("sleep 1; echo first"))
+    await asyncio.sleep(0.3)
+    abandoned.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await abandoned
+    result = await box.exec("echo second", timeout=30)
+    assert result.stdout == "second\n", result
+    assert (await box.exec("echo third")).stdout == "third\n"
