@@ -73,9 +73,15 @@ def test_malformed_events_are_rejected_and_the_group_still_forms() -> None:
     bad = turn.model_copy(update={"data": turn.data.model_copy(update={"output_versions": []})})
     conflict = next(e for e in events if e.trajectory_id == "run/g0/a2r0" and e.seq == 3)
     twin = conflict.model_copy(update={"id": events[0].id})
-    out = _feed(StreamProcessor(POLICY), [bad if e is turn else e for e in events] + [twin])
+    stream = [bad if e is turn else e for e in events]
+    stream.insert(stream.index(conflict) + 1, twin)  # before a2 completes: a2 cannot be trusted
+    out = _feed(StreamProcessor(POLICY), stream)
     rejected = [o for o in out if isinstance(o, Rejected)]
     assert any("versions" in r.reason for r in rejected)
+    [conflicting] = [r for r in rejected if "two different events" in r.reason]
+    assert conflicting.event is twin  # the record that showed the conflict is the one dead-lettered
+    assert not [o for o in out if isinstance(o, Emit) and o.event.trajectory_id == "run/g0/a2r0"]
+    assert _groups(out) == []  # a1 still waits for the turn that was rejected (a gap)
     # a1 never completes (its turn was rejected): the group is formed only by the deadline or end of log
     processor = StreamProcessor(POLICY)
     _feed(processor, [bad if e is turn else e for e in events])
