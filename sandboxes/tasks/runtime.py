@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 import shlex
 import zipfile
 from pathlib import Path
 
 RUNTIME_PACKAGES = ("_pytest", "pytest", "pluggy", "iniconfig", "packaging", "py")
 COVER_PLUGIN = "rollstream_cover"
-SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (\S.*?)(?: - (.*))?$")
+SUMMARY_OUTCOMES = ("PASSED", "FAILED", "ERROR", "XFAIL", "XPASS")
 PYTEST_FLAGS = "-p no:cacheprovider -o addopts= -q -rpfExX --tb=no --color=no"
 # Address randomization makes ids of tests parametrized from sets (ordered by hash(None)...) vary.
 NO_ASLR = 'NOASLR=""; if setarch -R true 2>/dev/null; then NOASLR="setarch -R"; fi; '
@@ -88,18 +87,32 @@ def pytest_unconfigure(config):
 
 _GRADE_SOURCE = '''
 """Grades one verifier run: reward 1 only when every listed test PASSED in pytest's summary."""
-import json, re, sys
+import json, sys
 
-SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (\\S.*?)(?: - (.*))?$")
+OUTCOMES = ("PASSED", "FAILED", "ERROR", "XFAIL", "XPASS")
+
+
+def split(rest):
+    """node id and message; an id may itself contain " - " inside its [parameters]."""
+    cut = rest.find(" - ")
+    if cut >= 0 and "[" in rest[:cut]:
+        cut = rest.find("] - ")
+        cut = cut + 1 if cut >= 0 else -1
+    return (rest, "") if cut < 0 else (rest[:cut], rest[cut + 3:])
+
+
 config_path, log_path, logs_dir = sys.argv[1:4]
 with open(config_path) as fh:
     config = json.load(fh)
 outcomes = {}
 with open(log_path, errors="replace") as fh:
     for line in fh:
-        match = SUMMARY.match(line.rstrip("\\n"))
-        if match and outcomes.get(match.group(2)) != "FAILED":
-            outcomes[match.group(2)] = match.group(1)
+        outcome, _, rest = line.rstrip("\\n").partition(" ")
+        if outcome not in OUTCOMES or not rest:
+            continue
+        test = rest if outcome == "PASSED" else split(rest)[0]
+        if outcomes.get(test) != "FAILED":
+            outcomes[test] = outcome
 results = {
     group: {test: outcomes.get(test) == "PASSED" for test in config[group]}
     for group in ("fail_to_pass", "pass_to_pass")
@@ -169,13 +182,29 @@ def grade_source() -> str:
     return _GRADE_SOURCE.lstrip()
 
 
+def split_summary(rest: str) -> tuple[str, str]:
+    """(node id, message) of a summary line's text after the outcome word.
+
+    The message follows " - ", which may also occur inside an id's [parameters]: when
+    the text before the first " - " opens a "[", the id ends at the first "] - "."""
+    cut = rest.find(" - ")
+    if cut >= 0 and "[" in rest[:cut]:
+        cut = rest.find("] - ")
+        cut = cut + 1 if cut >= 0 else -1
+    return (rest, "") if cut < 0 else (rest[:cut], rest[cut + 3 :])
+
+
 def parse_summary(output: str) -> dict[str, tuple[str, str]]:
-    """pytest `-r` summary lines -> {node id: (outcome, message)}; a FAILED outcome wins."""
+    """pytest `-r` summary lines -> {node id: (outcome, message)}; a FAILED outcome wins.
+    PASSED lines carry no message, so their whole text is the id."""
     results: dict[str, tuple[str, str]] = {}
     for line in output.splitlines():
-        match = SUMMARY_LINE.match(line)
-        if match and results.get(match.group(2), ("",))[0] != "FAILED":
-            results[match.group(2)] = (match.group(1), match.group(3) or "")
+        outcome, _, rest = line.partition(" ")
+        if outcome not in SUMMARY_OUTCOMES or not rest:
+            continue
+        test, message = (rest, "") if outcome == "PASSED" else split_summary(rest)
+        if results.get(test, ("",))[0] != "FAILED":
+            results[test] = (outcome, message)
     return results
 
 

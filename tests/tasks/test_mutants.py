@@ -5,6 +5,7 @@ from __future__ import annotations
 from sandboxes.tasks.instruction import FailingTest, write_instruction
 from sandboxes.tasks.mutants import Coverage, Deduper, SuiteRun, judge, order_candidates
 from sandboxes.tasks.mutators import Edit, Mutation, apply_mutation, find_mutations
+from sandboxes.tasks.runtime import parse_summary
 from sandboxes.tasks.writer import changed_lines, gold_patch
 
 PASSING = frozenset({"t::a", "t::b", "t::c"})
@@ -119,3 +120,49 @@ def test_gold_patch_reverses_the_mutation() -> None:
     patch = gold_patch("pkg/f.py", source, apply_mutation(source, flip))
     assert patch.startswith("--- a/pkg/f.py\n+++ b/pkg/f.py\n")
     assert "-    return x <= 3\n+    return x < 3\n" in patch
+
+
+def test_summary_lines_with_dashes_and_brackets_in_ids() -> None:
+    output = "\n".join(
+        [
+            "PASSED tests/t.py::test_sql[a - b where c < d + interval '1 day'-Identifier]",
+            "FAILED tests/t.py::test_sql[x - y] - AssertionError: assert [1] == [2]",
+            "FAILED tests/t.py::test_plain - assert [1] - [2]",
+            "ERROR tests/t.py::test_err",
+            "FAILED tests/t.py::test_only[no - message]",
+            "1 failed, 1 passed in 0.1s",
+        ]
+    )
+    assert parse_summary(output) == {
+        "tests/t.py::test_sql[a - b where c < d + interval '1 day'-Identifier]": ("PASSED", ""),
+        "tests/t.py::test_sql[x - y]": ("FAILED", "AssertionError: assert [1] == [2]"),
+        "tests/t.py::test_plain": ("FAILED", "assert [1] - [2]"),
+        "tests/t.py::test_err": ("ERROR", ""),
+        "tests/t.py::test_only[no - message]": ("FAILED", ""),
+    }
+
+
+def test_grader_needs_every_listed_test_passed(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from sandboxes.tasks.runtime import grade_source
+
+    (tmp_path / "grade.py").write_text(grade_source())
+    listed = {"fail_to_pass": ["t.py::f[a - b]"], "pass_to_pass": ["t.py::p", "t.py::gone"]}
+    (tmp_path / "tests.json").write_text(json.dumps(listed))
+    log = "PASSED t.py::f[a - b]\nPASSED t.py::p\nFAILED t.py::p - flaky second run\n"
+    (tmp_path / "pytest.log").write_text(log)
+    args = [sys.executable, "grade.py", "tests.json", "pytest.log", "."]
+    subprocess.run(args, cwd=tmp_path, check=True)
+    assert (tmp_path / "reward.txt").read_text().strip() == "0"
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results == {
+        "fail_to_pass": {"t.py::f[a - b]": True},
+        "pass_to_pass": {"t.py::p": False, "t.py::gone": False},  # a FAILED line wins; missing = failed
+    }
+    listed["pass_to_pass"] = []
+    (tmp_path / "tests.json").write_text(json.dumps(listed))
+    subprocess.run(args, cwd=tmp_path, check=True)
+    assert (tmp_path / "reward.txt").read_text().strip() == "1"
