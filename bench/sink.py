@@ -142,11 +142,11 @@ async def one_round(
     """Seconds for the sink, then for the plain insert of the rows it stored (fresh stores each)."""
     sink_db, raw_db = workdir / "sink.db", workdir / "raw.db"
     sink_task = progress.add_task(f"{label} sink", total=count)
-    raw_task = progress.add_task(f"{label} plain insert", total=count)
     sink_s = await sink_into(
         config, topics, f"sqlite:///{sink_db}", count, lambda n: progress.update(sink_task, completed=n)
     )
     rows = stored_rows(f"sqlite:///{sink_db}")
+    raw_task = progress.add_task(f"{label} plain insert", total=count)
     raw_s = plain_insert(
         rows,
         f"sqlite:///{raw_db}",

@@ -134,16 +134,6 @@ class Sink:
         self.progress = progress or (lambda _p: None)
         self.totals = SinkProgress()
         self.stopping = asyncio.Event()
-        self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=kafka.bootstrap,
-            client_id=f"{kafka.client_id}-sink",
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",  # only when a stored offset fell out of retention
-            max_partition_fetch_bytes=kafka.max_partition_fetch_bytes,
-            fetch_max_bytes=kafka.fetch_max_bytes,
-            request_timeout_ms=kafka.request_timeout_ms,
-        )
 
     def stop(self) -> None:
         """Finish the batch in hand, then return from `run`."""
@@ -151,21 +141,46 @@ class Sink:
 
     async def run(self, until_idle_s: float | None = None) -> SinkProgress:
         """Sink until `stop()`, or until caught up with nothing new for `until_idle_s` seconds."""
-        await self.consumer.start()
+        consumer = self._new_consumer()  # here, not in __init__: aiokafka needs the running loop
+        await consumer.start()
         try:
-            partitions = await self._assign_from_store()
+            partitions = await self._assign_from_store(consumer)
             async with EventProducer(self.kafka, self.topics) as producer:
-                await self._loop(producer, partitions, until_idle_s)
+                await self._loop(consumer, producer, partitions, until_idle_s)
         finally:
-            await self.consumer.stop()
+            await consumer.stop()
         return self.totals
 
-    async def _assign_from_store(self) -> list[TopicPartition]:
+    def _new_consumer(self) -> AIOKafkaConsumer:
+        kafka = self.kafka
+        return AIOKafkaConsumer(
+            bootstrap_servers=kafka.bootstrap,
+            client_id=f"{kafka.client_id}-sink",
+            group_id=None,  # no group: partitions are assigned by hand, positions come from the database
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",  # only when a stored offset fell out of retention
+            max_partition_fetch_bytes=kafka.max_partition_fetch_bytes,
+            fetch_max_bytes=kafka.fetch_max_bytes,
+            request_timeout_ms=kafka.request_timeout_ms,
+        )
+
+    async def _assign_from_store(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         partitions = await sink_partitions(self.kafka, self.topics, self.store)
         stored = await asyncio.to_thread(self._load_offsets)
-        self.consumer.assign(partitions)
+        ends = await consumer.end_offsets(partitions)
+        ahead = [
+            f"{tp.topic}[{tp.partition}]"
+            for tp in partitions
+            if stored.get((tp.topic, tp.partition), 0) > ends[tp]
+        ]
+        if ahead:  # re-reading recreated topics would collide with rows stored at the same positions
+            raise SinkError(
+                f"the database has offsets past the end of {', '.join(ahead)}: the topics were recreated "
+                "after it was written; sink into a fresh database (--db)"
+            )
+        consumer.assign(partitions)
         for tp in partitions:  # no await between assign and seek: nothing is fetched before this
-            self.consumer.seek(tp, stored.get((tp.topic, tp.partition), 0))
+            consumer.seek(tp, stored.get((tp.topic, tp.partition), 0))
         return partitions
 
     def _load_offsets(self) -> dict[tuple[str, int], int]:
@@ -173,7 +188,11 @@ class Sink:
             return load_offsets(conn, self.name)
 
     async def _loop(
-        self, producer: EventProducer, partitions: list[TopicPartition], until_idle_s: float | None
+        self,
+        consumer: AIOKafkaConsumer,
+        producer: EventProducer,
+        partitions: list[TopicPartition],
+        until_idle_s: float | None,
     ) -> None:
         """Poll, decode, commit; batch N+1 is fetched and decoded while batch N commits.
 
@@ -183,7 +202,7 @@ class Sink:
         committing: asyncio.Task[None] | None = None
         try:
             while not self.stopping.is_set():
-                polled = await self.consumer.getmany(
+                polled = await consumer.getmany(
                     timeout_ms=self.store.sink_poll_ms, max_records=self.store.sink_batch_size
                 )
                 batch = split_batch(polled)
@@ -197,7 +216,7 @@ class Sink:
                     if committing is not None:
                         await committing
                         committing = None
-                    if await self._caught_up(partitions):
+                    if await self._caught_up(consumer, partitions):
                         return
                     idle_since = time.monotonic()
         finally:
@@ -224,10 +243,10 @@ class Sink:
         with self.engine.begin() as conn:
             return write_batch(conn, batch.events, batch.offsets, self.name)
 
-    async def _caught_up(self, partitions: list[TopicPartition]) -> bool:
+    async def _caught_up(self, consumer: AIOKafkaConsumer, partitions: list[TopicPartition]) -> bool:
         """Every partition's position has reached its end offset (nothing left to read)."""
-        ends = await self.consumer.end_offsets(partitions)
+        ends = await consumer.end_offsets(partitions)
         for tp in partitions:
-            if await self.consumer.position(tp) < ends[tp]:
+            if await consumer.position(tp) < ends[tp]:
                 return False
         return True

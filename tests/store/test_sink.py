@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import signal
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from rollstream.config import Config
-from streams.store import open_readonly
+from streams.sink import Sink, SinkError
+from streams.store import open_readonly, open_store
+from streams.store.writer import store_offsets
+from streams.topics import topic_name
 from tests.store.eventgen import generate_events
 from tests.store.expect import assert_events_stored, assert_projections, scalar
 from tests.store.sinkrun import (
@@ -86,4 +92,19 @@ def test_sink_killed_mid_run_resumes_exactly_once(
     offsets_match_rows(engine)
     assert_events_stored(engine, events)
     assert_projections(engine, events)
+    engine.dispose()
+
+
+def test_sink_refuses_offsets_past_the_topic_end_and_missing_topics(
+    config_factory: Callable[..., Config], sqlite_url: str
+) -> None:
+    config = config_factory()
+    engine = open_store(sqlite_url)
+    with engine.begin() as conn:  # as if the topics had been recreated after this database was written
+        store_offsets(conn, config.db.sink_group, {(topic_name(config.topics, "rollout.events"), 0): 500})
+    with pytest.raises(SinkError, match=r"past the end of .*rollout\.events\[0\]"):
+        asyncio.run(Sink(config.kafka, config.topics, config.db, engine).run(until_idle_s=1))
+    missing = config_factory(create_topics=False)
+    with pytest.raises(SinkError, match="rollstream topics create"):
+        asyncio.run(Sink(missing.kafka, missing.topics, missing.db, engine).run(until_idle_s=1))
     engine.dispose()
