@@ -121,12 +121,23 @@ def sample_payload(kind: str, i: int, tokens: int = 300) -> Payload:
         "rollout.abort": lambda: RolloutAbort(trajectory_ids=[f"traj-{i}-{k}" for k in range(3)]),
         "weights.published": lambda: WeightsPublished(version=i, path=f".rollstream/weights/v{i}", step=i),
         "trainer.step": lambda: TrainerStep(
-            step=i, version=i + 1, groups=4, trajectories=32, loss=0.01, grad_norm=0.07, ess=0.93,
+            step=i,
+            version=i + 1,
+            groups=4,
+            trajectories=32,
+            loss=0.01,
+            grad_norm=0.07,
+            ess=0.93,
             times={"forward_s": 1.5, "backward_s": 2.5},
         ),
         "deadletter.record": lambda: DeadLetterRecord(
-            reason="not JSON", topic="rollout.events", partition=i % 6, offset=i, key_b64=None,
-            value_b64="bm90IGpzb24=", consumer="sink",
+            reason="not JSON",
+            topic="rollout.events",
+            partition=i % 6,
+            offset=i,
+            key_b64=None,
+            value_b64="bm90IGpzb24=",
+            consumer="sink",
         ),
     }
     return builders[kind]()
