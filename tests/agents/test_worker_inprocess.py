@@ -105,10 +105,11 @@ async def test_one_process_holds_a_thousand_episodes(
         peak = max(peak, worker.in_flight)
         return len(finished) == 1000
 
+    # each episode lasts >= 20 s (two 10 s model calls), far longer than taking 1,000 requests
     factory = SimulatedSandboxFactory(SimulatedLatency(time_scale=0.5))
     async with SandboxPool(config.sandbox, factory) as pool:
         reply = "```bash\nls\n```"
-        worker = RolloutWorker(settings, services(config, chat, pool, [reply], 5.0), TaskCatalog(root),
+        worker = RolloutWorker(settings, services(config, chat, pool, [reply], 10.0), TaskCatalog(root),
                                on_finished=lambda spec, f: finished.append(f))  # fmt: skip
         await serve_until(worker, all_done, timeout=240.0)
     assert peak == 1000
