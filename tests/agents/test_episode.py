@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 
 from agents.chat import ChatFormat
+from agents.engine.protocol import EngineError
 from agents.episode import Episode, EpisodeServices, EpisodeSpec
 from agents.scripted import ScriptedPolicy
 from agents.settings import AgentSettings
@@ -190,3 +191,32 @@ async def test_shutdown_cancel_writes_nothing_more(chat: ChatFormat) -> None:
 
 def test_sandbox_error_kinds_map_to_outcomes() -> None:
     assert SandboxError("x").kind == "sandbox_lost"
+
+
+class RefusingPolicy(ScriptedPolicy):
+    """Answers turn 1, then the engine fails with `kind` (its context cap, or the network)."""
+
+    def __init__(self, chat: ChatFormat, kind: str) -> None:
+        super().__init__(chat, [bash("ls")])
+        self.kind = kind
+
+    async def generate(self, input_ids, params, rid):  # type: ignore[no-untyped-def]
+        if rid.endswith(":2"):
+            raise EngineError(self.kind, "refused")  # type: ignore[arg-type]
+        return await super().generate(input_ids, params, rid)
+
+
+@pytest.mark.parametrize(
+    ("kind", "outcome", "reward"),
+    [("context", Outcome.TRUNCATED_CONTEXT, 1.0), ("network", Outcome.INFRA_NETWORK, None),
+     ("engine", Outcome.INFRA_ENGINE, None)],
+)  # fmt: skip
+async def test_engine_errors_map_to_outcomes(
+    chat: ChatFormat, kind: str, outcome: Outcome, reward: float | None
+) -> None:
+    episode, sink = make_episode(chat, ["unused"])
+    episode.services = replace(episode.services, policy=RefusingPolicy(chat, kind))
+    finished = await episode.run()
+    assert (finished.outcome, finished.reward, finished.turns) == (outcome, reward, 1)
+    assert ("tests.ran" in {e.type for e in sink.events}) == (reward is not None)  # caps are verified
+    check_events(sink)
