@@ -1,10 +1,12 @@
 """Pure functions from events to rows: the `events` row and each projection's row.
 
-No SQL and no clock here: `writer` executes what these return. A projection is
-described by a `ProjectionRow` (table, key columns, values; JSON columns as JSON
-text); the writer upserts it, setting only the columns that event type determines, so the three event
-types that fill one `trajectories` row never overwrite each other and applying
-the same event twice changes nothing.
+No SQL and no clock here: `writer` executes what these return. Events arrive as
+`WireEvent`s (`streams.store.wire`: token arrays still packed), so projections
+count tokens without unpacking them. A projection is a `ProjectionRow` (table,
+key columns, values; JSON columns as JSON text); the writer upserts it, setting
+only the columns that event type determines, so the three event types that fill
+one `trajectories` row never overwrite each other and applying the same event
+twice changes nothing.
 """
 
 from __future__ import annotations

@@ -1,13 +1,16 @@
 """Write a batch of events, their projections and the consumer offsets in one transaction.
 
 `write_batch` is the only way the sink changes the database. Within one
-transaction it inserts the events (an event id already stored is skipped;
-`ON CONFLICT DO NOTHING` also skips a Kafka position already stored), upserts the projections of the
-events that were new, and upserts the offsets. Projections are folded from the
-deduplicated stream only, so the first stored copy of an event id is the one
-every projection reflects; re-applying a batch changes nothing.
+transaction it inserts the events (ids already stored are skipped;
+`ON CONFLICT DO NOTHING` guards the id and the Kafka position), upserts the
+projections of the events that were new, and upserts the offsets. Projections
+are folded from the deduplicated stream only, so the first stored copy of an
+event id is the one every projection reflects; re-applying a batch changes nothing.
 
-Works on SQLite and PostgreSQL through their dialects' `insert().on_conflict_*`.
+Statements are SQLAlchemy Core (`insert().on_conflict_*` of the sqlite and
+postgresql dialects), compiled once and run with the driver's executemany: the
+rows already hold plain values and JSON text, so per-row parameter processing
+is skipped.
 """
 
 from __future__ import annotations
