@@ -50,18 +50,29 @@ async def test_timeout_kills_the_whole_process_tree(box: DockerSandbox) -> None:
 
 
 async def test_no_network_reaches_the_host_or_outside(box: DockerSandbox) -> None:
+    """A listener the host itself can reach (on every interface) is unreachable inside."""
+    server = await asyncio.start_server(lambda _r, w: w.close(), host="0.0.0.0", port=0)
+    port = server.sockets[0].getsockname()[1]
+    host = _host_address()
+    _, writer = await asyncio.open_connection(host, port)  # the host reaches it
+    writer.close()
+    targets = [("127.0.0.1", 19092), ("127.0.0.1", port), (host, port), ("1.1.1.1", 53)]
     probe = (
-        "import socket,sys\n"
-        "for host, port in [('127.0.0.1', 19092), ('1.1.1.1', 53), (sys.argv[1], 19092)]:\n"
+        "import socket, sys\n"
+        "for host, port in zip(sys.argv[1::2], sys.argv[2::2]):\n"
         "    try:\n"
-        "        socket.create_connection((host, port), timeout=5); print('connected', host)\n"
-        "    except OSError as e: print('failed', host, type(e).__name__)\n"
+        "        socket.create_connection((host, int(port)), timeout=5); print('connected', host, port)\n"
+        "    except OSError as e: print('failed', host, port, type(e).__name__)\n"
     )
     await box.exec(f"cat > /tmp/probe.py <<'EOF'\n{probe}EOF")
-    result = await box.exec(f"python3 /tmp/probe.py {_host_address()}", timeout=60)
+    argv = " ".join(f"{h} {p}" for h, p in targets)
+    try:
+        result = await box.exec(f"python3 /tmp/probe.py {argv}", timeout=60)
+    finally:
+        server.close()
     assert result.exit_code == 0, result.stderr
     assert "connected" not in result.stdout
-    assert result.stdout.count("failed") == 3
+    assert result.stdout.count("failed") == len(targets)
 
 
 async def test_shared_internal_network_has_no_way_out(
