@@ -29,12 +29,14 @@ machine move with its load.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -145,69 +147,66 @@ def pool_variant(settings: SandboxSettings, concurrency: int, warm: int) -> Sand
     return settings.model_copy(update={"pool": caps})
 
 
-async def run_bench(
-    settings: SandboxSettings, n: int, concurrency: int, warm: int, hold_s: float, exec_n: int
-) -> dict[str, object]:
+@dataclass(frozen=True)
+class BenchPlan:
+    n: int
+    concurrency: int
+    warm: int
+    hold_s: float
+    exec_n: int
+
+
+@dataclass(frozen=True)
+class Measured:
+    cold_s: list[float]
+    warm_s: list[float]
+    exec_s: float
+    plain_s: float
+
+
+async def measure(settings: SandboxSettings, plan: BenchPlan) -> Measured:
+    """Run the three phases (cold, warm handoff, exec) with progress bars."""
     factory = make_factory(settings)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with (
         tempfile.TemporaryDirectory() as scratch,
-        Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        ) as progress,
+        Progress(*columns, console=console, transient=True) as bars,
     ):
         repo = write_repo(Path(scratch))
-        phases = {
-            name: progress.add_task(name, total=total)
-            for name, total in (("cold start", n), ("warm handoff", n), ("exec overhead", exec_n))
+        phases = [("cold start", plan.n), ("warm handoff", plan.n), ("exec overhead", plan.exec_n)]
+        tick = {
+            name: functools.partial(bars.advance, bars.add_task(name, total=total)) for name, total in phases
         }
-        cold, cold_details = await start_latencies(
-            pool_variant(settings, concurrency, 0),
-            factory,
-            repo,
-            n,
-            concurrency,
-            hold_s,
-            lambda: progress.advance(phases["cold start"]),
+        latencies = {}
+        for name, warm in (("cold start", 0), ("warm handoff", plan.warm)):
+            variant = pool_variant(settings, plan.concurrency, warm)
+            latencies[name], details = await start_latencies(
+                variant, factory, repo, plan.n, plan.concurrency, plan.hold_s, tick[name]
+            )
+            console.print(f"{name}: {details}")
+        exec_s, plain_s = await exec_overhead(
+            pool_variant(settings, 1, 0), factory, repo, plan.exec_n, tick["exec overhead"]
         )
-        warm_latencies, warm_details = await start_latencies(
-            pool_variant(settings, concurrency, warm),
-            factory,
-            repo,
-            n,
-            concurrency,
-            hold_s,
-            lambda: progress.advance(phases["warm handoff"]),
-        )
-        ours_s, plain_s = await exec_overhead(
-            pool_variant(settings, 1, 0),
-            factory,
-            repo,
-            exec_n,
-            lambda: progress.advance(phases["exec overhead"]),
-        )
-    start_p50 = percentile(warm_latencies, 0.5)
-    console.print(f"cold pool: {cold_details}")
-    console.print(f"warm pool: {warm_details}")
+    return Measured(latencies["cold start"], latencies["warm handoff"], exec_s, plain_s)
+
+
+def figures(backend: str, plan: BenchPlan, measured: Measured) -> dict[str, object]:
+    start_p50 = percentile(measured.warm_s, 0.5)
     return {
         "load_avg_1m": round(os.getloadavg()[0], 2),  # the machine is shared: read figures against it
-        "backend": settings.backend,
-        "concurrency": concurrency,
-        "n": n,
-        "warm_pool": warm,
-        "hold_s": hold_s,
+        "backend": backend,
+        "concurrency": plan.concurrency,
+        "n": plan.n,
+        "warm_pool": plan.warm,
+        "hold_s": plan.hold_s,
         "headline": "warm_handoff",
         "start_p50_s": round(start_p50, 4),
-        "start_p99_s": round(percentile(warm_latencies, 0.99), 4),
-        "cold_start_p50_s": round(percentile(cold, 0.5), 4),
-        "cold_start_p99_s": round(percentile(cold, 0.99), 4),
-        "exec_median_s": round(ours_s, 5),
-        "plain_subprocess_median_s": round(plain_s, 5),
-        "exec_overhead_ratio": round(ours_s / plain_s, 3),
+        "start_p99_s": round(percentile(measured.warm_s, 0.99), 4),
+        "cold_start_p50_s": round(percentile(measured.cold_s, 0.5), 4),
+        "cold_start_p99_s": round(percentile(measured.cold_s, 0.99), 4),
+        "exec_median_s": round(measured.exec_s, 5),
+        "plain_subprocess_median_s": round(measured.plain_s, 5),
+        "exec_overhead_ratio": round(measured.exec_s / measured.plain_s, 3),
         "ratio": round(E2B_START_MEDIAN_S / start_p50, 2),
     }
 
@@ -228,11 +227,10 @@ def command(
     if min(concurrency, n, exec_n) < 1 or hold_s < 0:
         fail("--concurrency, --n and --exec-n must be >= 1 and --hold-s >= 0", code=2)
     settings = read_config(config, overrides).sandbox.model_copy(update={"backend": backend})
+    plan = BenchPlan(n, concurrency, concurrency if warm is None else warm, hold_s, exec_n)
     try:
-        figures = asyncio.run(
-            run_bench(settings, n, concurrency, concurrency if warm is None else warm, hold_s, exec_n)
-        )
+        measured = asyncio.run(measure(settings, plan))
     except SandboxError as error:
         fail(f"infra_error:{error.kind}: {error}")
         return
-    print(json.dumps(figures))
+    print(json.dumps(figures(backend, plan, measured)))

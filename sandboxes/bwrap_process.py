@@ -5,7 +5,7 @@ only the outer `bwrap` while that child is still being set up leaves the child
 orphaned (its die-with-parent signal is not armed yet), blocked forever; and
 while the kernel is busy creating or tearing down network namespaces a killed
 `bwrap` can take seconds to exit. So `kill_tree` kills the process group (the
-outer `bwrap` is started as a session leader, and the early child shares its
+outer `bwrap` is started as a process group leader, and the early child shares its
 group) and every descendant found in /proc, and `Reaper` waits for the exit in
 the background, killing again, when it takes longer than the stop timeout.
 """
