@@ -56,6 +56,10 @@ from sandboxes.settings import SandboxSettings
 from sandboxes.transfer import extract_download, tar_directory, tar_path
 
 BACKEND = "docker"
+RLIMIT_HINT = (
+    "; the engine may not raise rlimits beyond its own (no CAP_SYS_RESOURCE, as under podman "
+    "in a container): lower sandbox.docker.ulimit_nproc / ulimit_nofile below the engine's limits"
+)
 DEFAULT_SOCKETS = ("/var/run/docker.sock", "/run/podman/podman.sock")
 START_HINT = (
     "start podman's Docker-compatible API with `.venv/bin/python -m rollstream.launcher.podman up` "
@@ -257,8 +261,9 @@ class DockerSandbox:
             await api.start_container(self.container_id)
         except (DockerApiError, DockerUnreachableError) as error:
             await self._remove_quietly()
+            hint = RLIMIT_HINT if "rlimit" in str(error) else ""
             raise SandboxStartError(
-                f"container for {self.image} did not start: {error}", backend=BACKEND
+                f"container for {self.image} did not start: {error}{hint}", backend=BACKEND
             ) from None
         self.timings.start_s = time.monotonic() - began
         self.timings.ready_at = time.time()
