@@ -122,7 +122,8 @@ def import_swebench_command(
 
 def _check_table(results: list[CheckResult]) -> Table:
     table = Table(title="tasks check")
-    for column in ("task", "gold", "no change", "valid", "seconds", "problem"):
+    table.add_column("task", no_wrap=True)
+    for column in ("gold", "no change", "valid", "seconds", "problem"):
         table.add_column(column)
     for result in results:
         table.add_row(
@@ -211,7 +212,8 @@ def list_tasks(
         fail(str(error), code=2)
         return
     table = Table(title=f"{len(tasks)} tasks in {root}")
-    for column in ("task", "source", "fail→pass", "pass→pass", "mutation"):
+    table.add_column("task", no_wrap=True)
+    for column in ("source", "fail→pass", "pass→pass", "mutation"):
         table.add_column(column)
     for task in tasks:
         meta = task.metadata

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import shlex
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 RUNTIME_PACKAGES = ("_pytest", "pytest", "pluggy", "iniconfig", "packaging", "py")
@@ -133,6 +134,8 @@ TESTS_DIR="${{TESTS_DIR:-/tests}}"
 LOGS_DIR="${{LOGS_DIR:-/logs/verifier}}"
 mkdir -p "$LOGS_DIR"
 cd "${{REPO_DIR:-$PWD}}"
+# Test files the agent may have edited or added are replaced by the originals.
+for path in {restore}; do rm -rf "./$path"; done
 if [ -d "$TESTS_DIR/suite" ]; then cp -R "$TESTS_DIR/suite/." . ; fi
 export PYTHONPATH="{pythonpath}$TESTS_DIR/pytest.pyz"
 export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 PYTHONHASHSEED=0 COLUMNS=400
@@ -152,8 +155,12 @@ def pythonpath_prefix(source_roots: list[str]) -> str:
     return "".join(f"$PWD/{root}:" if root != "." else "$PWD:" for root in source_roots)
 
 
-def verifier_script(test_ids: list[str], source_roots: list[str], python: str) -> str:
+def verifier_script(
+    test_ids: list[str], source_roots: list[str], python: str, restore: Sequence[str] = ()
+) -> str:
+    """test.sh: `restore` lists the repo paths (test dirs, config files) replaced from tests/suite/."""
     return _TEST_SH.format(
+        restore=" ".join(shlex.quote(path) for path in restore),
         pythonpath=pythonpath_prefix(source_roots),
         python=python,
         flags=PYTEST_FLAGS,

@@ -127,7 +127,10 @@ def write_sdist_task(
         task_dir,
         task,
         test_sh=verifier_script(
-            [*verdict.fail_to_pass, *verdict.pass_to_pass], list(layout.source_roots), settings.python
+            [*verdict.fail_to_pass, *verdict.pass_to_pass],
+            list(layout.source_roots),
+            settings.python,
+            restore=layout.test_support,
         ),
         solve_sh=solve_sh(gold_patch(mutation.path, original, item.mutated)),
         dockerfile=DOCKERFILE,

@@ -72,14 +72,21 @@ async def test_buggy_code_scores_zero_with_per_test_results(tmp_path: Path, base
     assert verdict.pass_to_pass == {"tests/test_calc.py::test_zero": True}
 
 
-async def test_edited_tests_are_restored_before_grading(tmp_path: Path, base_config: Config) -> None:
-    task = make_task(tmp_path, base_config, BUGGY)
+async def test_edited_and_added_test_files_are_replaced_before_grading(
+    tmp_path: Path, base_config: Config
+) -> None:
+    f2p_p2p = ["tests/test_calc.py::test_add", "tests/test_calc.py::test_zero"]
+    script = verifier_script(f2p_p2p, ["src"], base_config.tasks.python, restore=["tests"])
+    task = make_task(tmp_path, base_config, BUGGY, test_script=script)
     (task.tests_dir / "suite" / "tests").mkdir(parents=True)
     (task.tests_dir / "suite" / "tests" / "test_calc.py").write_text(TESTS)
-    # the "agent" rewrote the test to pass against the bug
+    # the "agent" rewrote the test to pass against the bug, and added a conftest that patches add()
     (task.workspace / "tests" / "test_calc.py").write_text(TESTS.replace("== 5", "== -1"))
-    verdict = await verdict_for(task, base_config)
-    assert verdict.reward == 0.0
+    patch = "import calc\ncalc.add = lambda a, b: a + b\n"
+    (task.workspace / "tests" / "conftest.py").write_text(patch)
+    assert (await verdict_for(task, base_config)).reward == 0.0
+    (task.workspace / "src" / "calc.py").write_text(GOOD)
+    assert (await verdict_for(task, base_config)).reward == 1.0
 
 
 async def test_crashing_verifier_is_an_infra_error(tmp_path: Path, base_config: Config) -> None:
