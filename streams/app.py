@@ -38,8 +38,9 @@ below the >= 0.5 target before any folding or table writes. Faust dispatches
 every record through its stream/actor machinery and acks each one, and a table
 update costs a changelog write. This worker is built on `streams.bus` (aiokafka)
 and keeps what faust would have given here (consumer-group partitioning,
-at-least-once, restart without loss); `rollstream bench streams` measured it at
-ratio 0.64 (2,000 episodes) to 0.95 (20,000 episodes) against the same baseline.
+at-least-once, restart without loss); `rollstream bench streams --trajectories
+20000` measured it at 6,291 events/s against 9,635 for the raw baseline (ratio
+0.65, baseline the faster of a run before and one after), group latency p99 0.04 s.
 """
 
 from __future__ import annotations
