@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,7 +22,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
-from rollstream.default_tasks import DefaultTasksError, ensure_default_tasks
+from rollstream.default_tasks import RECIPE_FILE, DefaultTasksError, ensure_default_tasks
 from sandboxes.backends import make_factory
 from sandboxes.base import SandboxError
 from sandboxes.tasks.build import BuildReport, BuildRequest, ProgressFn, build_from_sdist
@@ -195,7 +196,11 @@ def default(
         fail(f"infra_error:{error.kind}: {error}", code=3)
         return
     count = len(load_tasks(directory))
-    console.print(f"{count} default tasks in {directory} ({time.monotonic() - began:.1f}s)")
+    recipe = json.loads((directory / RECIPE_FILE).read_text()) if (directory / RECIPE_FILE).is_file() else {}
+    for library, ids in recipe.get("libraries", {}).items():
+        console.print(f"  {library}: {len(ids)} tasks")
+    built = f"; built in {recipe['build_s']}s" if "build_s" in recipe else ""
+    console.print(f"{count} default tasks in {directory} ({time.monotonic() - began:.1f}s{built})")
 
 
 @app.command("list")

@@ -17,6 +17,7 @@ from sandboxes.tasks.check import check_tasks
 from sandboxes.tasks.harbor import load_tasks
 from sandboxes.tasks.sdist import SdistSpec, UnfitLibraryError, analyze_project
 
+pytestmark = pytest.mark.slow
 LIBRARY = "tinydb==4.8.2"  # in the default set, so its sdist is already in the cache
 
 
