@@ -117,9 +117,10 @@ class Event(BaseModel):
     data: SerializeAsAny[Payload]
 
     @property
-    def key(self) -> bytes | None:
-        """The Kafka key: the group for rollout events, so a group stays on one partition."""
-        return self.group_id.encode() if self.group_id else None
+    def key(self) -> bytes:
+        """The Kafka key: the group for rollout events, so a group stays on one partition;
+        otherwise the run (compacted `weights` keeps the latest record per run)."""
+        return (self.group_id or self.run_id).encode()
 
 
 def make_event(

@@ -109,3 +109,12 @@ def test_old_versions_are_upcast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(ev.UPCASTERS, ("trajectory.started", 1))
     with pytest.raises(DecodeError, match="no upcaster"):
         decode_event(json.dumps(v1))
+
+
+def test_records_without_a_group_are_keyed_by_run() -> None:
+    """Compacted topics (`weights`) reject unkeyed records; the run is the key there."""
+    from streams.payloads import WeightsPublished
+
+    event = make_event(WeightsPublished(version=3, path="/m/3"), run_id="run-7", seq=3, time_ns=1,
+                       source="trainer")
+    assert event.key == b"run-7"
