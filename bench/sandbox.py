@@ -165,7 +165,7 @@ class Measured:
 
 
 async def measure(settings: SandboxSettings, plan: BenchPlan) -> Measured:
-    """Run the three phases (cold, warm handoff, exec) with progress bars."""
+    """Run the three phases (exec, cold, warm handoff) with progress bars."""
     factory = make_factory(settings)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with (
@@ -173,10 +173,14 @@ async def measure(settings: SandboxSettings, plan: BenchPlan) -> Measured:
         Progress(*columns, console=console, transient=True) as bars,
     ):
         repo = write_repo(Path(scratch))
-        phases = [("cold start", plan.n), ("warm handoff", plan.n), ("exec overhead", plan.exec_n)]
+        phases = [("exec overhead", plan.exec_n), ("cold start", plan.n), ("warm handoff", plan.n)]
         tick = {
             name: functools.partial(bars.advance, bars.add_task(name, total=total)) for name, total in phases
         }
+        # exec first: the start phases leave the kernel tearing down hundreds of namespaces for a while
+        exec_s, plain_s = await exec_overhead(
+            pool_variant(settings, 1, 0), factory, repo, plan.exec_n, tick["exec overhead"]
+        )
         latencies = {}
         for name, warm in (("cold start", 0), ("warm handoff", plan.warm)):
             variant = pool_variant(settings, plan.concurrency, warm)
@@ -184,9 +188,6 @@ async def measure(settings: SandboxSettings, plan: BenchPlan) -> Measured:
                 variant, factory, repo, plan.n, plan.concurrency, plan.hold_s, tick[name]
             )
             console.print(f"{name}: {details}")
-        exec_s, plain_s = await exec_overhead(
-            pool_variant(settings, 1, 0), factory, repo, plan.exec_n, tick["exec overhead"]
-        )
     return Measured(latencies["cold start"], latencies["warm handoff"], exec_s, plain_s)
 
 
