@@ -1,11 +1,4 @@
-"""The Kafka bus: `EventProducer`, `EventConsumer` and `read_topic`.
-
-Producer: idempotent, `acks=all`, compressed, and batched by us: `send` appends
-the encoded event to an open record batch of its partition (the key's murmur2
-partition, as Kafka's default partitioner picks it) and returns at once; a batch
-goes to aiokafka when it is full, holds `kafka.producer_batch_records` records, or
-has lingered `kafka.linger_ms`. `flush` waits until everything sent is acked and
-raises the first delivery error. `send_and_wait` returns once that event is acked.
+"""The Kafka bus: `EventProducer` (see `streams.producer`), `EventConsumer`, `read_topic`.
 
 Consumer: auto commit off; `batch` returns decoded events with their short topic,
 partition and offset. A record that is not a valid event (not JSON, unknown type,
@@ -17,7 +10,6 @@ past it. `read_topic` reads a whole topic from offset 0 to its current end.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import gc
@@ -25,27 +17,21 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.errors import MessageSizeTooLargeError
-from aiokafka.partitioner import DefaultPartitioner
-from aiokafka.producer.message_accumulator import BatchBuilder
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from streams.events import DecodeError, Event, make_event
-from streams.fast_decode import decode_event_fast, encode_event_fast
+from streams.fast_decode import decode_event_fast
 from streams.payloads import DeadLetterRecord
+from streams.producer import BusError, EventProducer
 from streams.settings import KafkaSettings, TopicSettings
 from streams.topics import topic_name
 
+__all__ = ["BusError", "Consumed", "EventConsumer", "EventProducer", "dead_letter_event", "read_topic"]
+
 logger = logging.getLogger(__name__)
-KEY_CACHE_SIZE = 100_000  # keys remembered per topic (partition counts never shrink)
-
-
-class BusError(RuntimeError):
-    """A record could not be delivered or the bus was misused; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -54,172 +40,6 @@ class Consumed:
     topic: str  # short name, e.g. "rollout.events"
     partition: int
     offset: int
-
-
-@dataclass(eq=False)
-class _OpenBatch:
-    builder: BatchBuilder
-    opened: float
-    handed_over: asyncio.Event = field(default_factory=asyncio.Event)
-    delivery: asyncio.Future[Any] | None = None  # set once aiokafka has the batch
-
-
-class EventProducer:
-    """Batched, idempotent producer of events (or raw bytes) to Rollstream topics."""
-
-    def __init__(self, kafka: KafkaSettings, topics: TopicSettings) -> None:
-        self._kafka = kafka
-        self._topics = topics
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=kafka.bootstrap,
-            client_id=kafka.client_id,
-            acks="all",
-            enable_idempotence=True,
-            compression_type=None if kafka.compression == "none" else kafka.compression,
-            linger_ms=kafka.linger_ms,
-            max_batch_size=kafka.max_batch_size,
-            max_request_size=kafka.max_request_size,
-            request_timeout_ms=kafka.request_timeout_ms,
-        )
-        self._partitioner = DefaultPartitioner()
-        self._names: dict[str, str] = {}
-        self._partitions: dict[str, list[int]] = {}
-        self._sticky: dict[str, int] = {}
-        self._key_partitions: dict[str, dict[bytes, int]] = {}
-        self._open: dict[tuple[str, int], _OpenBatch] = {}
-        self._handing: set[_OpenBatch] = set()
-        self._inflight: set[asyncio.Future[Any]] = set()
-        self._error: BaseException | None = None
-        self._linger_task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> EventProducer:
-        await self._producer.start()
-        self._linger_task = asyncio.create_task(self._linger_loop(), name="event-producer-linger")
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        try:
-            if exc is None:
-                await self.flush()
-        finally:
-            if self._linger_task is not None:
-                self._linger_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._linger_task
-            await self._producer.stop()
-
-    async def send(self, short_topic: str, event: Event) -> None:
-        """Enqueue `event` (key: `event.key`); returns without waiting for the broker."""
-        await self.send_raw(short_topic, encode_event_fast(event), event.key)
-
-    async def send_and_wait(self, short_topic: str, event: Event) -> None:
-        """Send `event` and return once the broker has acked it."""
-        tp, batch = await self._append(short_topic, encode_event_fast(event), event.key)
-        if self._open.get(tp) is batch:
-            await self._submit(tp)
-        await batch.handed_over.wait()  # the linger loop may be handing it over right now
-        if batch.delivery is not None:
-            await asyncio.gather(batch.delivery, return_exceptions=True)
-        self._raise_error()
-
-    async def send_raw(self, short_topic: str, value: bytes, key: bytes | None = None) -> None:
-        """Enqueue raw bytes (tests use it to write malformed records)."""
-        await self._append(short_topic, value, key)
-
-    async def flush(self) -> None:
-        """Wait until every record sent so far is acked; raise the first delivery error."""
-        for tp in list(self._open):
-            await self._submit(tp)
-        for batch in list(self._handing):  # being handed over by the linger loop
-            await batch.handed_over.wait()
-        if self._inflight:
-            await asyncio.gather(*self._inflight, return_exceptions=True)
-        self._raise_error()
-
-    async def _append(
-        self, short_topic: str, value: bytes, key: bytes | None
-    ) -> tuple[tuple[str, int], _OpenBatch]:
-        self._raise_error()
-        if len(value) > self._kafka.max_request_size:
-            raise MessageSizeTooLargeError(
-                f"a {len(value)}-byte record for {short_topic} exceeds kafka.max_request_size "
-                f"({self._kafka.max_request_size}); raise it (and topics.max_message_bytes)"
-            )
-        topic = self._names.get(short_topic) or self._names.setdefault(
-            short_topic, topic_name(self._topics, short_topic)
-        )
-        tp = (topic, await self._partition(topic, key))
-        batch = self._open.get(tp)
-        if batch is None:
-            batch = self._open[tp] = _OpenBatch(self._producer.create_batch(), time.monotonic())
-        if batch.builder.append(timestamp=None, key=key, value=value) is None:
-            await self._submit(tp)  # full: ship it and start another
-            batch = self._open[tp] = _OpenBatch(self._producer.create_batch(), time.monotonic())
-            if batch.builder.append(timestamp=None, key=key, value=value) is None:
-                raise BusError(f"record of {len(value)} bytes does not fit an empty batch of {topic}")
-        if batch.builder.record_count() >= self._kafka.producer_batch_records:
-            await self._submit(tp)
-        return tp, batch
-
-    async def _partition(self, topic: str, key: bytes | None) -> int:
-        partitions = self._partitions.get(topic)
-        if partitions is None:
-            found = await self._producer.partitions_for(topic)
-            if not found:
-                raise BusError(f"topic {topic} has no partitions; create it with `rollstream topics create`")
-            partitions = self._partitions[topic] = sorted(found)
-        if key is None:
-            return self._sticky.setdefault(topic, partitions[0])
-        cache = self._key_partitions.setdefault(topic, {})
-        partition = cache.get(key)
-        if partition is None:  # murmur2 is pure Python in aiokafka; a group's key repeats for all its events
-            if len(cache) >= KEY_CACHE_SIZE:
-                cache.clear()
-            partition = cache[key] = int(self._partitioner(key, partitions, partitions))
-        return partition
-
-    async def _submit(self, tp: tuple[str, int]) -> None:
-        """Hand the open batch of `tp` to aiokafka (waits while its queue for `tp` is full)."""
-        batch = self._open.pop(tp, None)
-        if batch is None:
-            return
-        topic, partition = tp
-        if self._sticky.get(topic) == partition:  # keyless records move on to the next partition
-            partitions = self._partitions[topic]
-            self._sticky[topic] = partitions[(partitions.index(partition) + 1) % len(partitions)]
-        self._handing.add(batch)
-        try:
-            if batch.builder.record_count():
-                batch.delivery = await self._producer.send_batch(batch.builder, topic, partition=partition)
-                self._inflight.add(batch.delivery)
-                batch.delivery.add_done_callback(self._delivered)
-        finally:
-            self._handing.discard(batch)
-            batch.handed_over.set()
-
-    def _delivered(self, future: asyncio.Future[Any]) -> None:
-        self._inflight.discard(future)
-        if not future.cancelled() and future.exception() is not None and self._error is None:
-            self._error = future.exception()
-
-    def _raise_error(self) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise BusError(f"delivery to Kafka failed: {error!r}") from error
-
-    async def _linger_loop(self) -> None:
-        linger_s = max(self._kafka.linger_ms, 1) / 1000
-        while True:
-            await asyncio.sleep(linger_s)
-            now = time.monotonic()
-            for tp, batch in list(self._open.items()):
-                if now - batch.opened >= linger_s and self._open.get(tp) is batch:
-                    try:
-                        await self._submit(tp)
-                    except Exception as error:  # surfaced by the next send or flush
-                        self._error = self._error or error
 
 
 class EventConsumer:
