@@ -31,7 +31,6 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import os
 import tempfile
@@ -50,6 +49,7 @@ from sandboxes.base import (
     Timings,
 )
 from sandboxes.docker_api import DockerApi, DockerApiError, DockerUnreachableError
+from sandboxes.docker_images import ImageKeeper
 from sandboxes.docker_owner import owner_is_gone, owner_label
 from sandboxes.output import OutputCollector, exec_result, timeout_argv
 from sandboxes.settings import SandboxSettings
@@ -96,12 +96,9 @@ class DockerSandboxFactory:
         self.settings = settings
         self.run_id = run_id
         self.owner = owner_label()
-        self.pulls = 0
-        self._pull_gate: PullGate | None = None
+        self.images = ImageKeeper(settings)
         self.leaked_removed = 0
-        self._pull_times: collections.deque[float] = collections.deque()
         self._api: DockerApi | None = None
-        self._ready_images: set[str] = set()
         self._lock = asyncio.Lock()
 
     def create(self, workspace: Path | None, *, image: str | None = None) -> DockerSandbox:
@@ -109,7 +106,12 @@ class DockerSandboxFactory:
 
     def set_pull_gate(self, gate: PullGate) -> None:
         """The pool's `image_pulls_per_h` gate, awaited before every pull."""
-        self._pull_gate = gate
+        self.images.pull_gate = gate
+
+    @property
+    def pulls(self) -> int:
+        """Image pulls started by this factory (failed ones too: registries count them)."""
+        return self.images.pulls
 
     @property
     def labels(self) -> dict[str, str]:
@@ -156,48 +158,8 @@ class DockerSandboxFactory:
         return self.leaked_removed
 
     async def ensure_image(self, image: str) -> None:
-        """Make sure `image` is on the engine, pulling it (counted and capped) if allowed."""
-        if image in self._ready_images:
-            return
-        api = await self.api()
-        docker = self.settings.docker
-        if not await api.image_exists(image):
-            if not docker.pull_missing:
-                raise SandboxStartError(
-                    f"image {image} is not on the docker engine and sandbox.docker.pull_missing is off; "
-                    "build the default one with `.venv/bin/python -m rollstream.launcher.podman image`",
-                    backend=BACKEND,
-                )
-            await self._pull(api, image)
-        self._ready_images.add(image)
-
-    async def _pull(self, api: DockerApi, image: str) -> None:
-        if self._pull_gate is not None:
-            await self._pull_gate()
-        else:
-            self._check_pull_cap()
-        self.pulls += 1
-        self._pull_times.append(time.monotonic())
-        try:
-            await api.pull_image(image, self.settings.docker.pull_timeout_s)
-        except (DockerApiError, DockerUnreachableError) as error:
-            raise SandboxStartError(
-                f"image {image} is missing and pulling it failed ({error}); for the default image run "
-                "`.venv/bin/python -m rollstream.launcher.podman image`",
-                backend=BACKEND,
-            ) from None
-
-    def _check_pull_cap(self) -> None:
-        cap = self.settings.pool.image_pulls_per_h
-        now = time.monotonic()
-        while self._pull_times and now - self._pull_times[0] > 3600:
-            self._pull_times.popleft()
-        if len(self._pull_times) >= cap:
-            raise SandboxStartError(
-                f"image pull cap reached: {len(self._pull_times)} pulls in the last hour "
-                f"(pool.image_pulls_per_h={cap}); pre-pull images or raise the cap",
-                backend=BACKEND,
-            )
+        """Make sure `image` is on the engine, pulling it (counted, capped, once) if allowed."""
+        await self.images.ensure(await self.api(), image)
 
     def container_body(self, image: str) -> dict[str, Any]:
         docker, limits = self.settings.docker, self.settings.limits
