@@ -8,8 +8,9 @@ committed schema examples. Nothing here touches Kafka.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
-from streams.events import PAYLOADS, Event, make_event
+from streams.events import PAYLOADS, ROLLOUT_EVENT_TYPES, Event, make_event
 from streams.outcomes import Outcome
 from streams.payloads import (
     DeadLetterRecord,
@@ -46,6 +47,10 @@ BENCH_MIX: dict[str, int] = {
     "rollout.requested": 3,
     "trainer.step": 1,
 }
+TIMES = TimeBreakdown(llm_s=41.5, tool_s=12.25, sandbox_start_s=3.5, tests_s=8.0, total_s=66.0)
+POLICY: dict[str, float | int | str | bool | None] = {
+    "max_turns": 80, "max_staleness": 4, "overlong": "mask", "drop_zero_variance": True,
+}  # fmt: skip
 OUTPUT = "FAILED tests/test_core.py::test_parse - AssertionError: expected 3 got 4\n" * 12
 
 
@@ -56,10 +61,15 @@ def _tokens(rng: random.Random, n: int) -> list[int]:
 def sample_payload(kind: str, i: int, tokens: int = 300) -> Payload:
     """A plausible payload of `kind`; `tokens` sizes the token arrays."""
     rng = random.Random(f"{kind}#{i}")
+    if kind in ROLLOUT_EVENT_TYPES:
+        return _rollout_payload(kind, i, tokens, rng)
+    return _derived_payload(kind, i, tokens, rng)
+
+
+def _rollout_payload(kind: str, i: int, tokens: int, rng: random.Random) -> Payload:
     limits = Limits()
-    times = TimeBreakdown(llm_s=41.5, tool_s=12.25, sandbox_start_s=3.5, tests_s=8.0, total_s=66.0)
-    policy = {"max_turns": 80, "max_staleness": 4, "overlong": "mask", "drop_zero_variance": True}
-    builders = {
+    times = TIMES
+    builders: dict[str, Callable[[], Payload]] = {
         "trajectory.started": lambda: TrajectoryStarted(
             attempt=i % 8, group_size=8, limits=limits, prompt_token_ids=_tokens(rng, tokens)
         ),
@@ -108,6 +118,13 @@ def sample_payload(kind: str, i: int, tokens: int = 300) -> Payload:
             last_seq=i % 200 + 3,
             times=times,
         ),
+    }
+    return builders[kind]()
+
+
+def _derived_payload(kind: str, i: int, tokens: int, rng: random.Random) -> Payload:
+    times, policy = TIMES, POLICY
+    builders: dict[str, Callable[[], Payload]] = {
         "trajectory.assembled": lambda: _assembled(rng, i, tokens, times, policy),
         "group.formed": lambda: GroupFormed(
             members=[f"traj-{i}-{k}" for k in range(8)],
