@@ -13,7 +13,7 @@ import shlex
 import tempfile
 from pathlib import Path
 
-from sandboxes.base import Sandbox, SandboxFactory
+from sandboxes.base import Sandbox, SandboxFactory, SandboxStartError
 from sandboxes.tasks.mutants import SuiteRun
 from sandboxes.tasks.runtime import COVER_PLUGIN, NO_ASLR, PYTEST_FLAGS, parse_summary
 
@@ -38,7 +38,7 @@ class SuiteRunner:
         await self._box.start()
         result = await self._box.exec(f"mkdir -p {SCRATCH} && pwd", timeout=60)
         if not result.ok:
-            raise RuntimeError(f"cannot prepare the build sandbox: {result.stderr.strip()}")
+            raise SandboxStartError(f"cannot prepare the build sandbox: {result.stderr.strip()}")
         self._root = result.stdout.strip().splitlines()[-1]
         await self._box.upload(self._pyz, f"{self._root}/{SCRATCH}/pytest.pyz")
 
