@@ -67,23 +67,15 @@ def test_sink_killed_mid_run_resumes_exactly_once(
     events = generate_events(EVENTS, seed=33)
     produce(config, events)
     log = tmp_path / "sink.log"
-    sink = start_sink(config, db_url, log)
-    try:
-        # Every poll also checks that the offsets in that snapshot match its rows exactly.
-        wait_until(
-            lambda: checked_count(db_url) >= EVENTS // 10, 300, f"a tenth of the events in SQL ({log})"
-        )
-        sink.send_signal(signal.SIGKILL)
-        sink.wait(timeout=60)
-    finally:
-        if sink.poll() is None:
-            sink.kill()
+    assert interrupt(config, db_url, log, EVENTS // 10, signal.SIGKILL) == -signal.SIGKILL
     engine = open_readonly(db_url)
     killed_at = scalar(engine, "SELECT COUNT(*) FROM events")
     assert killed_at < EVENTS, "the sink finished before it was killed; the test proves nothing"
     offsets_match_rows(engine)  # what the killed process committed is self-consistent
     engine.dispose()
 
+    # SIGTERM: the restarted sink finishes the batch in hand and exits cleanly.
+    assert interrupt(config, db_url, log, killed_at + 1, signal.SIGTERM) == 0, log.read_text()[-2000:]
     run_sink_until_idle(config, db_url, log)
     engine = open_readonly(db_url)
     assert scalar(engine, "SELECT COUNT(*) FROM events") == EVENTS
@@ -93,6 +85,20 @@ def test_sink_killed_mid_run_resumes_exactly_once(
     assert_events_stored(engine, events)
     assert_projections(engine, events)
     engine.dispose()
+
+
+def interrupt(config: Config, url: str, log: Path, at_least: int, signum: signal.Signals) -> int:
+    """Start the sink, send `signum` once it stored `at_least` events; its exit code."""
+    sink = start_sink(config, url, log)
+    try:
+        # Every poll also checks that the offsets in that snapshot match its rows exactly.
+        wait_until(lambda: checked_count(url) >= at_least, 300, f"{at_least} events in SQL ({log})")
+        sink.send_signal(signum)
+        return sink.wait(timeout=120)
+    finally:
+        if sink.poll() is None:
+            sink.kill()
+            sink.wait()
 
 
 def test_sink_refuses_offsets_past_the_topic_end_and_missing_topics(
