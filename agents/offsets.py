@@ -29,6 +29,13 @@ class OffsetTracker:
         self._in_flight[partition].discard(offset)
         self._next[partition] = max(self._next.get(partition, 0), offset + 1)
 
+    def seen(self, partition: Partition, offset: int) -> bool:
+        """Running or finished here already (a rebalance re-delivers from the committed offset)."""
+        return offset in self._in_flight.get(partition, ()) or offset < self._next.get(partition, -1)
+
+    def partitions(self) -> set[Partition]:
+        return set(self._next)
+
     def committable(self) -> dict[Partition, int]:
         """Next offsets that can be committed and were not committed yet."""
         positions: dict[Partition, int] = {}

@@ -33,9 +33,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+
 from agents.aborts import AbortFollower
 from agents.episode import Episode, EpisodeServices, EpisodeSpec
-from agents.offsets import OffsetTracker
+from agents.offsets import OffsetTracker, Partition
 from agents.settings import RolloutSettings
 from agents.submit import TaskRef, request_event
 from sandboxes.tasks import Task, TaskFormatError, load_task
@@ -43,7 +45,7 @@ from streams.bus import Consumed, EventConsumer, EventProducer
 from streams.events import Event
 from streams.payloads import RolloutRequested, TrajectoryFinished
 from streams.settings import KafkaSettings, PolicySettings, TopicSettings
-from streams.topics import topic_name
+from streams.topics import short_name, topic_name
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +143,7 @@ class RolloutWorker:
         self.outcomes: Counter[str] = Counter()
         self.retries_sent = 0
         self._running: set[asyncio.Task[None]] = set()
+        self._partition_of: dict[asyncio.Task[None], Partition] = {}
         self._slot_freed = asyncio.Event()
         self.failure: BaseException | None = None
         self.aborts = AbortFollower(
@@ -162,6 +165,9 @@ class RolloutWorker:
         s = self.settings
         requests = EventConsumer(
             s.kafka, s.topics, ["rollout.requests"], group_id=s.rollout.consumer_group, name=self.name
+        )
+        requests.consumer.subscribe(
+            topics=[topic_name(s.topics, "rollout.requests")], listener=_Rebalance(self, requests)
         )
         async with EventProducer(s.kafka, s.topics) as producer, requests:
             self._sink = KafkaEventSink(producer)
@@ -211,7 +217,8 @@ class RolloutWorker:
                 else:
                     batch = await self._wait_for_slot(requests, stopping)
                 for consumed in batch:
-                    self._start(consumed)
+                    if not self.offsets.seen((consumed.topic, consumed.partition), consumed.offset):
+                        self._start(consumed)
         finally:
             stopping.cancel()
         if self.failure is not None:
@@ -235,9 +242,11 @@ class RolloutWorker:
         self.offsets.started(partition, consumed.offset)
         task = asyncio.create_task(self._handle(consumed), name=f"episode-{consumed.event.trajectory_id}")
         self._running.add(task)
+        self._partition_of[task] = partition
 
         def done(finished: asyncio.Task[None]) -> None:
             self._running.discard(finished)
+            self._partition_of.pop(finished, None)
             if finished.cancelled():
                 pass  # shutdown: left uncommitted, re-run by the partition's next owner
             elif finished.exception() is not None:  # e.g. Kafka refused the events: stop, never commit
@@ -318,6 +327,17 @@ class RolloutWorker:
             return
         self.offsets.mark_committed(positions)
 
+    def partitions_assigned(self, owned: set[Partition]) -> None:
+        """After a rebalance: episodes of partitions now owned by another worker stop (writing
+        nothing more); the new owner re-runs them from the committed offset."""
+        lost = {p for p in self.offsets.partitions() | set(self._partition_of.values()) if p not in owned}
+        for task, partition in list(self._partition_of.items()):
+            if partition in lost:
+                task.cancel()
+        self.offsets.forget(lost)
+        if lost:
+            log.info("partitions %s moved to another worker; their episodes stop here", sorted(lost))
+
     @staticmethod
     async def _cancel(tasks: set[asyncio.Task[None]]) -> None:
         for task in tasks:
@@ -325,3 +345,18 @@ class RolloutWorker:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    """Commits what is finished before partitions move; stops episodes of partitions lost."""
+
+    def __init__(self, worker: RolloutWorker, requests: EventConsumer) -> None:
+        self.worker = worker
+        self.requests = requests
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self.worker._commit(self.requests)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        topics = self.worker.settings.topics
+        self.worker.partitions_assigned({(short_name(topics, tp.topic), tp.partition) for tp in assigned})

@@ -126,3 +126,16 @@ def test_a_fence_inside_a_heredoc_does_not_end_the_block() -> None:
     action = parse_reply(reply, SUBMIT)
     assert not isinstance(action, FormatError)
     assert action.command == "cat <<'EOF' > notes.md\nuse ```python fences``` here\nEOF"
+
+
+def test_offsets_seen_covers_running_and_finished_requests() -> None:
+    from agents.offsets import OffsetTracker
+
+    tracker = OffsetTracker()
+    p = ("rollout.requests", 3)
+    tracker.started(p, 5)
+    tracker.started(p, 6)
+    tracker.finished(p, 6)
+    assert tracker.seen(p, 5) and tracker.seen(p, 6) and not tracker.seen(p, 7)
+    tracker.forget({p})  # the partition moved away: a re-delivery after it comes back runs again
+    assert not tracker.seen(p, 5)

@@ -114,3 +114,42 @@ async def test_one_process_holds_a_thousand_episodes(
         await serve_until(worker, all_done, timeout=240.0)
     assert peak == 1000
     assert all(f.outcome == Outcome.TRUNCATED_TURNS for f in finished)
+
+
+async def test_two_workers_share_the_requests_without_running_one_twice(
+    config_factory: Callable[..., Config], tmp_path: Path, chat: ChatFormat
+) -> None:
+    config = config_factory("rollout.concurrency=40", create_topics=False)
+    await create_topics(config.kafka, config.topics)
+    root = tmp_path / "tasks"
+    task = make_task_root(root)
+    requests = run_requests("run-2", [task], 8, Limits(max_turns=2), groups_per_task=40)
+    await submit_requests(config.kafka, config.topics, requests)
+    settings = WorkerSettings(config.kafka, config.topics, config.rollout, config.policy)
+    done: dict[str, list[str]] = {"a": [], "b": []}
+    factory = SimulatedSandboxFactory(SimulatedLatency(time_scale=0.2))
+    async with SandboxPool(config.sandbox, factory) as pool:
+
+        def worker(name: str) -> RolloutWorker:
+            return RolloutWorker(
+                settings, services(config, chat, pool, ["```bash\nls\n```"], 1.0), TaskCatalog(root),
+                on_finished=lambda spec, f: done[name].append(spec.trajectory_id),
+            )  # fmt: skip
+
+        first = worker("a")
+        second = worker("b")
+        stop = asyncio.Event()
+        running_a = asyncio.create_task(first.run(stop))
+        await asyncio.sleep(3.0)  # the second joins mid-run: a rebalance moves partitions
+        running_b = asyncio.create_task(second.run(stop))
+        expected = {e.trajectory_id for e in requests}
+        deadline = time.monotonic() + 180
+        while not expected <= set(done["a"]) | set(done["b"]):
+            assert time.monotonic() < deadline, "timed out waiting for every request"
+            assert not running_a.done() and not running_b.done()
+            await asyncio.sleep(0.2)
+        stop.set()
+        await asyncio.gather(running_a, running_b)
+    assert done["a"] and done["b"], "both workers took part"
+    for name in ("a", "b"):  # a re-delivered request is not started again by the same worker
+        assert len(done[name]) == len(set(done[name])), name
