@@ -18,7 +18,18 @@ Infrastructure errors end in `trajectory.finished` with `infra_error:*` (never
 a reward); while `retry < PolicySettings.infra_error_retries` the worker writes a
 new request for the same attempt with `retry + 1` (a new trajectory id) before
 committing. Aborts on `rollout.control` (`AbortFollower`) end episodes now as
-`truncated:deadline`.
+`truncated:deadline`; episodes start only once the worker has read every abort
+written before it started.
+
+Rebalances: before partitions move, finished requests are committed; episodes
+of partitions that moved to another worker stop (writing nothing more) and are
+re-run there; a request re-delivered to the worker already running or done
+with it is not started again.
+
+Caveat: a re-run replays the episode with the same ids and per-turn seeds, but
+an engine whose batching is not bitwise deterministic can sample differently,
+so a consumer that keeps the first copy of each id can mix two runs of one
+trajectory; the run that wrote `trajectory.finished` (its `source`) is whole.
 """
 
 from __future__ import annotations
