@@ -22,11 +22,12 @@ from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import NullPool
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+MIGRATION_LOCK_KEY = 0x526F6C6C  # PostgreSQL advisory lock held while migrating (SQLite: BEGIN IMMEDIATE)
 
 
 class StoreError(RuntimeError):
@@ -71,6 +72,8 @@ def open_readonly(url: str) -> Engine:
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Apply the packaged migrations up to `revision` in one transaction."""
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":  # two processes migrating at once take turns
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         config = alembic_config()
         config.attributes["connection"] = conn
         command.upgrade(config, revision)

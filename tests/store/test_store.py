@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -117,3 +119,23 @@ def test_read_only_engine_reads_but_cannot_write(db_url: str) -> None:
         conn.execute(text("DELETE FROM events"))
     assert scalar(reader, "SELECT COUNT(*) FROM events") == 50
     reader.dispose()
+
+
+def test_processes_opening_an_empty_store_at_once_take_turns_migrating(db_url: str) -> None:
+    errors: list[BaseException] = []
+
+    def open_and_close() -> None:
+        try:
+            open_store(db_url).dispose()
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=open_and_close) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert errors == []
+    engine = open_store(db_url)
+    assert current_revision(engine) == head_revision()
+    engine.dispose()
