@@ -60,7 +60,7 @@ def open_readonly(url: str) -> Engine:
         if not path or path == ":memory:" or not Path(path).exists():
             where = path or "(memory)"
             raise StoreError(f"no event store at {where}; run `rollstream db upgrade` or the sink")
-        uri = f"file:{Path(path).resolve()}?mode=ro"
+        uri = f"{Path(path).resolve().as_uri()}?mode=ro"  # as_uri percent-encodes odd characters
         engine = create_engine("sqlite://", creator=lambda: _sqlite_connect_ro(uri), poolclass=NullPool)
         _configure_sqlite(engine, readonly=True)
         return engine
