@@ -24,7 +24,6 @@ from typing import Annotated
 
 import typer
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
 from rich.progress import Progress
 
 from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
@@ -35,7 +34,7 @@ from streams.bus import EventConsumer, EventProducer
 from streams.events import Event, encode_event
 from streams.sample_events import bench_mix
 from streams.settings import TopicSettings
-from streams.topics import create_topics, topic_name
+from streams.topics import create_topics, delete_topics, topic_name
 
 TOPIC = "rollout.events"
 UNIQUE_EVENTS = 4096  # the mix repeats after this many (generation is not what we measure)
@@ -110,16 +109,6 @@ async def _fresh_topics(config: Config) -> TopicSettings:
     return topics
 
 
-async def _drop_topics(config: Config, topics: TopicSettings) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=config.kafka.bootstrap)
-    await admin.start()
-    try:
-        names = [name for name in await admin.list_topics() if name.startswith(topics.prefix)]
-        await admin.delete_topics(names)
-    finally:
-        await admin.close()
-
-
 async def _run(config: Config, count: int, rounds: int, tokens: int) -> dict[str, float]:
     unique = bench_mix(min(count, UNIQUE_EVENTS), tokens)
     events = [unique[i % len(unique)] for i in range(count)]
@@ -147,7 +136,7 @@ async def _run(config: Config, count: int, rounds: int, tokens: int) -> dict[str
                     results.append(count / await run)
                     cpu[label].append((time.process_time() - cpu_start) / count * 1e6)
                 finally:
-                    await _drop_topics(config, topics)
+                    await delete_topics(config.kafka, topics)
                 console.print(f"round {round_no} {label}: {results[-1]:,.0f} events/s")
     ours_median, raw_median = statistics.median(ours), statistics.median(raw)
     return {

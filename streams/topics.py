@@ -182,5 +182,24 @@ async def list_topics(kafka: KafkaSettings, topics: TopicSettings) -> dict[str, 
     return dict(sorted(result.items()))
 
 
+async def delete_topics(kafka: KafkaSettings, topics: TopicSettings) -> list[str]:
+    """Delete the Rollstream topics under `topics.prefix` (tests and benchmarks clean up
+    with it; the broker slows down with many thousands of partitions). Returns the names."""
+    admin = _admin(kafka)
+    await admin.start()
+    try:
+        names = sorted(name for name in await admin.list_topics() if _is_ours(topics, name))
+        if names:
+            await admin.delete_topics(names, timeout_ms=int(topics.create_timeout_s * 1000))
+        deadline = time.monotonic() + topics.create_timeout_s
+        while set(names) & set(await admin.list_topics()):  # deletion reaches metadata a bit later
+            if time.monotonic() > deadline:
+                raise TopicError(f"topics {names} still listed {topics.create_timeout_s:.0f}s after deletion")
+            await asyncio.sleep(0.2)
+    finally:
+        await admin.close()
+    return names
+
+
 def _is_ours(topics: TopicSettings, name: str) -> bool:
     return name.startswith(topics.prefix) and name[len(topics.prefix) :] in SHORT_NAMES

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
-from streams.topics import TopicError, create_topics, list_topics
+from streams.topics import TopicError, create_topics, delete_topics, list_topics
 
 app = typer.Typer(help="Rollstream topics on the configured Kafka cluster.", no_args_is_help=True)
 
@@ -46,3 +47,17 @@ def list_(config: ConfigPath = None, overrides: Overrides = None) -> None:
     for name, info in topics.items():
         table.add_row(name, *(info.get(column, "") for column in columns))
     console.print(table)
+
+
+@app.command()
+def delete(
+    config: ConfigPath = None,
+    overrides: Overrides = None,
+    yes: Annotated[bool, typer.Option("--yes", help="delete even without a topics.prefix")] = False,
+) -> None:
+    """Delete the Rollstream topics under topics.prefix (their records are lost)."""
+    cfg = read_config(config, overrides)
+    if not cfg.topics.prefix and not yes:
+        fail("topics.prefix is empty: this would delete the run's own topics; pass --yes to mean it")
+    names = asyncio.run(delete_topics(cfg.kafka, cfg.topics))
+    console.print(f"deleted {len(names)} topic(s)" + (f": {', '.join(names)}" if names else ""))

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from rollstream.config import Config
-from streams.topics import SHORT_NAMES, TopicError, create_topics, list_topics, topic_name
+from streams.topics import SHORT_NAMES, TopicError, create_topics, delete_topics, list_topics, topic_name
 
 
 async def test_create_topics_is_idempotent_with_configs(config_factory: Callable[..., Config]) -> None:
@@ -30,6 +30,15 @@ async def test_create_topics_is_idempotent_with_configs(config_factory: Callable
     for info in topics.values():
         assert info["max.message.bytes"] == str(config.topics.max_message_bytes)
         assert info["min.insync.replicas"] == "1"
+
+
+def test_delete_removes_only_the_prefixed_topics(config_factory: Callable[..., Config]) -> None:
+    doomed, kept = config_factory(), config_factory()  # topics created
+    deleted = asyncio.run(delete_topics(doomed.kafka, doomed.topics))
+    assert deleted == sorted(topic_name(doomed.topics, short) for short in SHORT_NAMES)
+    assert asyncio.run(list_topics(doomed.kafka, doomed.topics)) == {}
+    assert len(asyncio.run(list_topics(kept.kafka, kept.topics))) == len(SHORT_NAMES)
+    asyncio.run(delete_topics(kept.kafka, kept.topics))
 
 
 async def test_concurrent_creation_is_harmless(config_factory: Callable[..., Config]) -> None:
