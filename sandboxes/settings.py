@@ -61,7 +61,8 @@ class BwrapSettings(Frozen):
     )
     server_grace_s: float = Field(default=10.0, description="extra wait for the exec server past a timeout")
     stop_timeout_s: float = Field(default=10.0, description="wait for a killed sandbox, then reap it later")
-    copy_threads: int = Field(default=4, description="threads copying workspaces at warm handoff")
+    copy_threads: int = Field(default=4, description="threads copying large workspaces")
+    inline_copy_max_entries: int = Field(default=500, description="workspaces this small are copied inline")
 
 
 class DockerSettings(Frozen):

@@ -37,36 +37,54 @@ def default_work_root() -> Path:
     return Path(base) / "rollstream-sandboxes"
 
 
-def fill_workspace(source: Path | None, dest: Path, uid: int, gid: int) -> None:
-    """Copy `source` (a directory, or nothing) into `dest`, all of it owned by uid:gid."""
+def fill_workspace(source: Path | None, dest: Path, uid: int, gid: int) -> int:
+    """Copy `source` (a directory, or nothing) into `dest`, all of it owned by uid:gid; entries copied."""
     if source is not None and not source.is_dir():
         raise WorkspaceError(f"workspace source {source} is not a directory; pass a task's repository dir")
     dest.mkdir(parents=True, exist_ok=True)
     os.chown(dest, uid, gid)
     if source is None:
-        return
+        return 0
     try:
-        copy_tree(str(source), str(dest), uid, gid)
+        return copy_tree(str(source), str(dest), uid, gid)
     except OSError as error:
         raise WorkspaceError(f"cannot copy workspace {source} to {dest}: {error}") from error
 
 
-def copy_tree(source: str, dest: str, uid: int, gid: int) -> None:
+def count_entries(root: Path, stop_at: int) -> int:
+    """Files, links and dirs under `root`, counting no further than `stop_at`."""
+    count, pending = 0, [str(root)]
+    while pending and count < stop_at:
+        try:
+            with os.scandir(pending.pop()) as entries:
+                for entry in entries:
+                    count += 1
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append(entry.path)
+        except OSError:
+            continue  # the copy reports unreadable parts
+    return count
+
+
+def copy_tree(source: str, dest: str, uid: int, gid: int) -> int:
     """Copy directories, regular files (mode, mtime) and symlinks, owned by uid:gid; skip the rest."""
+    copied = 0
     with os.scandir(source) as entries:
         for entry in entries:
+            copied += 1
             target = os.path.join(dest, entry.name)
             info = entry.stat(follow_symlinks=False)
             if stat.S_ISDIR(info.st_mode):
                 os.makedirs(target, exist_ok=True)
                 os.chmod(target, stat.S_IMODE(info.st_mode) | stat.S_IRWXU)
                 os.chown(target, uid, gid)
-                copy_tree(entry.path, target, uid, gid)
+                copied += copy_tree(entry.path, target, uid, gid)
             elif stat.S_ISLNK(info.st_mode):
                 os.symlink(os.readlink(entry.path), target)
                 os.lchown(target, uid, gid)
             elif stat.S_ISREG(info.st_mode):
                 copy_file(entry.path, target, info, uid, gid)
+    return copied
 
 
 def copy_file(source: str, target: str, info: os.stat_result, uid: int, gid: int) -> None:
