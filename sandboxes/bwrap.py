@@ -108,6 +108,14 @@ class BwrapSandboxFactory:
     def create(self, workspace: Path | None) -> BwrapSandbox:
         return BwrapSandbox(self, workspace)
 
+    async def remove_dir(self, path: Path) -> None:
+        """Remove a sandbox's directory: small ones inline, like `copy_workspace`."""
+        limit = self.settings.bwrap.inline_copy_max_entries
+        if count_entries(path, limit + 1) <= limit:
+            remove_workspace(path)
+        else:
+            await asyncio.get_running_loop().run_in_executor(self.copy_executor, remove_workspace, path)
+
     async def copy_workspace(self, source: Path | None, dest: Path, uid: int) -> None:
         """Fill `dest` from `source`: small repositories inline, large ones on the copy threads.
 
@@ -284,7 +292,7 @@ class BwrapSandbox:
             await self._factory.reaper.end(process, self._settings.bwrap.stop_timeout_s, release)
         else:
             release()
-        await asyncio.to_thread(remove_workspace, self._dir)
+        await self._factory.remove_dir(self._dir)
         self.timings.stop_s = time.monotonic() - began
 
     async def _call(self, request: dict[str, object], wait_s: float) -> dict:
