@@ -18,21 +18,21 @@ RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_FSIZE, and output kept up to
 
 Why a long-lived exec server, not a fresh `bwrap` per exec: measured here, a
 fresh `bwrap` + `sh` costs ~6 ms per command against ~1.5 ms for a plain
-subprocess (overhead ~4x); a request to the server, which spawns the command
-from C (`subprocess` with the sandbox's rlimits set once on the server, no
-Python `preexec_fn`), costs ~2.5 ms for `echo` on a quiet machine. On this
-shared 2-core machine at load 11, `bench sandbox` measured 15 ms against 6 ms
-for a grep pipeline (ratio 2.6): the server adds two process wake-ups per
-command, and under CPU contention each wake-up waits for a core.
+subprocess (overhead ~4x). The server spawns each command from C (`subprocess`;
+the sandbox's rlimits are set once on the server and inherited, so no Python
+`preexec_fn` and its slow interpreter fork) in a new process group, not a new
+session (each session creates a scheduler autogroup: +5 ms per command). With
+that, `bench sandbox` measured 7.2 ms against 5.6 ms for a grep pipeline
+(ratio 1.29, load 4.9); under heavy load the two extra process wake-ups per
+command (host -> server -> host) cost more (ratio ~2.5 at load 11).
 
 Start: copying the workspace, spawning `bwrap` and waiting for the server's
-`ready` frame takes ~25-40 ms alone; at concurrency 64 on 2 cores it queues
-for CPU (cold p50 0.4 s, p99 2.6 s at load 11; network-namespace creation is
-the slowest part under churn). The pool's warm sandboxes (`pool.warm_pool`)
+`ready` frame takes ~25-40 ms alone; 64 at once on 2 cores queue for CPU
+(cold p50 0.87 s, p99 2.3 s). The pool's warm sandboxes (`pool.warm_pool`)
 hide it: a warm sandbox starts with an empty workspace, and `attach_workspace`
-copies the task repository into its bind-mounted directory at handoff
-(~1 ms for a 41-file repository in tmpfs; handoff p50 0.05 s, p99 0.6 s at
-concurrency 64 and load 11, the tail from 64 simultaneous first requests).
+copies the task repository into its bind-mounted directory at handoff: p50
+1.2 ms, p99 10 ms at concurrency 64 (small repositories are copied inline:
+on threads the copies and the event loop convoyed on the GIL, p50 0.12 s).
 
 Classification. A command that fails, times out or hits a limit is an
 `ExecResult` (`killed_reason`: timeout, cpu, memory, processes, file_size; the

@@ -13,7 +13,8 @@ machine's ext4 has no reflinks. Measured here for a 41-file repository: ~1 ms
 into tmpfs (`/dev/shm`, the default `bwrap.work_root`) against 20-50 ms onto
 the loaded ext4 disk, so workspaces live in memory by default; RLIMIT_FSIZE
 (`limits.file_size_mb`) bounds each file a command writes, and `work_root` can
-point at a disk directory instead.
+point at a disk directory instead. Small sources (`bwrap.inline_copy_max_entries`)
+are copied on the event loop itself; larger ones on threads.
 """
 
 from __future__ import annotations
