@@ -129,7 +129,7 @@ async def test_a_memory_hog_is_stopped_and_classified(box: BwrapSandbox) -> None
 async def test_timeout_kills_the_command_and_its_background_children(box: BwrapSandbox) -> None:
     command = "sleep 300 & setsid sleep 301 & (trap '' TERM; sleep 302) & echo started; sleep 303"
     began = time.monotonic()
-    result = await box.exec(command, timeout=2)
+    result = await box.exec(command, timeout=3)
     assert result.timed_out and result.killed_reason == "timeout", result
     assert result.stdout == "started\n"
     assert time.monotonic() - began < 60
