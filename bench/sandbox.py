@@ -134,7 +134,7 @@ async def exec_overhead(
             )
             stdout, _ = await process.communicate()
             plain.append(time.monotonic() - began)
-            if result.stdout.encode() != stdout:
+            if box.backend != "simulated" and result.stdout.encode() != stdout:
                 raise RuntimeError("sandbox and plain subprocess disagree on the command's output")
             advance()
     return statistics.median(ours), statistics.median(plain)
