@@ -138,7 +138,17 @@ def check_event(event: Event) -> str | None:
 
 
 def dedupe_by_seq(events: Iterable[Event]) -> dict[int, Event]:
-    """First copy of each event id, indexed by seq; two different ids at one seq is malformed."""
+    """One event per seq, indexed by seq; two different ids at one seq is malformed.
+
+    A rollout worker killed mid-episode leaves a partial copy that the re-run
+    overwrites under the same ids, but sampling may differ between the two runs.
+    The copy written by the worker that finished the trajectory (the source of
+    the first `trajectory.finished`) wins at every seq, and the killed run's
+    events past the finished one are dropped, so two runs are never mixed.
+    """
+    events = list(events)
+    finished = next((e for e in events if isinstance(e.data, TrajectoryFinished)), None)
+    finisher = finished.source if finished is not None else None
     by_seq: dict[int, Event] = {}
     for event in events:
         seen = by_seq.get(event.seq)
@@ -148,6 +158,11 @@ def dedupe_by_seq(events: Iterable[Event]) -> dict[int, Event]:
             raise MalformedTrajectory(
                 event.trajectory_id, f"two different events {seen.id} and {event.id} at seq {event.seq}"
             )
+        elif finisher is not None and seen.source != finisher and event.source == finisher:
+            by_seq[event.seq] = event
+    if finished is not None:
+        last = finished.seq
+        by_seq = {seq: e for seq, e in by_seq.items() if seq <= last or e.source == finisher}
     return by_seq
 
 

@@ -117,11 +117,14 @@ class StreamProcessor:
             return []
         bucket = state.events.setdefault(trajectory_id, {})
         seen = bucket.get(event.seq)
-        if seen is not None:  # a copy (same id: ignored), or a conflicting event at the same seq
-            if seen.id == event.id:
+        if seen is not None:  # a copy (same id), or a conflicting event at the same seq
+            if seen.id != event.id:
+                reason = f"two different events {seen.id} and {event.id} at seq {event.seq}"
+                return self._give_up(state, trajectory_id, reason, event)
+            if seen.source == event.source:
                 return []
-            reason = f"two different events {seen.id} and {event.id} at seq {event.seq}"
-            return self._give_up(state, trajectory_id, reason, event)
+            # Otherwise a re-run after its worker was killed: the later run supersedes the
+            # partial copy (it may have sampled differently), as in `dedupe_by_seq`.
         bucket[event.seq] = event
         if isinstance(event.data, TrajectoryStarted):
             state.attempts[trajectory_id] = event.data.attempt
@@ -129,8 +132,12 @@ class StreamProcessor:
                 state.started_ns = event.time_ns
         elif event.type == "trajectory.finished":
             state.last_seq[trajectory_id] = event.seq
+        return self._maybe_fold(state, trajectory_id, event)
+
+    def _maybe_fold(self, state: _GroupState, trajectory_id: str, event: Event) -> list[Output]:
         last_seq = state.last_seq.get(trajectory_id)
-        if last_seq is None or len(bucket) <= last_seq:
+        bucket = state.events[trajectory_id]
+        if last_seq is None or any(seq not in bucket for seq in range(last_seq + 1)):
             return []  # not finished, or a gap: wait for the missing events
         return self._try_fold(state, trajectory_id, event)
 

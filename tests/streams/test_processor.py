@@ -151,3 +151,21 @@ def test_emitted_ids_are_not_emitted_again() -> None:
     again = StreamProcessor(POLICY)
     again.emitted |= {o.event.id for o in out if isinstance(o, Emit)}
     assert _feed(again, events) == [] and again.groups == {}
+
+
+def test_rerun_after_a_killed_worker_supersedes_its_partial_copy() -> None:
+    """The killed run wrote more turns than the re-run will, under the same ids, with other samples:
+    the trajectory emitted is the re-run's alone."""
+    specs = _specs()
+    killed = trajectory_events("run", "run/g0", AttemptSpec(0, 0, 6, Outcome.RESOLVED, 1.0, 0, group_size=4),
+                               source="rollout-dead")[:-2]  # fmt: skip
+    rerun = trajectory_events("run", "run/g0", specs[0], source="rollout-1")
+    others = [e for e in group_events("run", "run/g0", specs) if e.trajectory_id != rerun[0].trajectory_id]
+    out = _feed(StreamProcessor(POLICY), killed + rerun + others)
+    alone = _feed(StreamProcessor(POLICY), rerun + others)
+
+    def trajectories(o: list[Output]) -> dict:
+        return {e.id: e.data for e in (x.event for x in o if isinstance(x, Emit)) if e.type != "group.formed"}
+
+    assert trajectories(out) == trajectories(alone)
+    assert [e.data for e in _groups(out)] == [e.data for e in _groups(alone)]
