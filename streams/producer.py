@@ -26,7 +26,7 @@ from aiokafka.producer.message_accumulator import BatchBuilder
 from streams.events import Event
 from streams.fast_decode import encode_event_fast
 from streams.settings import KafkaSettings, TopicSettings
-from streams.topics import topic_name
+from streams.topics import COMPACTED, topic_name
 
 KEY_CACHE_SIZE = 100_000  # keys remembered per topic (partition counts never shrink)
 
@@ -90,12 +90,13 @@ class EventProducer:
             await self._producer.stop()
 
     async def send(self, short_topic: str, event: Event) -> None:
-        """Enqueue `event` (key: `event.key`); returns without waiting for the broker."""
-        await self.send_raw(short_topic, encode_event_fast(event), event.key)
+        """Enqueue `event`; returns without waiting for the broker. Key: `event.key` (the
+        group), or the run id on compacted topics (`weights`: latest record per run)."""
+        await self.send_raw(short_topic, encode_event_fast(event), _key(short_topic, event))
 
     async def send_and_wait(self, short_topic: str, event: Event) -> None:
         """Send `event` and return once the broker has acked it."""
-        tp, batch = await self._append(short_topic, encode_event_fast(event), event.key)
+        tp, batch = await self._append(short_topic, encode_event_fast(event), _key(short_topic, event))
         if self._open.get(tp) is batch:
             await self._submit(tp)
         await batch.handed_over.wait()  # the linger loop may be handing it over right now
@@ -199,3 +200,8 @@ class EventProducer:
                         await self._submit(tp)
                     except Exception as error:  # surfaced by the next send or flush
                         self._error = self._error or error
+
+
+def _key(short_topic: str, event: Event) -> bytes | None:
+    """Compacted topics keep the latest record per key, and the broker refuses keyless ones."""
+    return event.run_id.encode() if short_topic in COMPACTED else event.key

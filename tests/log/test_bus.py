@@ -8,6 +8,7 @@ import json
 from collections import defaultdict
 
 import pytest
+from aiokafka import ConsumerRecord
 
 from rollstream.config import Config
 from streams.bus import Consumed, EventConsumer, EventProducer, read_topic
@@ -170,3 +171,21 @@ async def _read(consumer: EventConsumer, count: int) -> list[Consumed]:
         if len(out) >= count:
             break
     return out
+
+
+async def test_compacted_weights_are_keyed_by_run(kafka_config: Config) -> None:
+    event = sample_event("weights.published", 4, run_id="run-7")
+    async with EventProducer(kafka_config.kafka, kafka_config.topics) as producer:
+        await producer.send("weights", event)  # keyless records would be refused by the broker
+    async with EventConsumer(
+        kafka_config.kafka, kafka_config.topics, ["weights"], group_id=None, name="w"
+    ) as consumer:
+        found: list[ConsumerRecord[bytes, bytes]] = []
+        for _ in range(40):
+            fetched = await consumer.consumer.getmany(timeout_ms=500)
+            found += [record for batch in fetched.values() for record in batch]
+            if found:
+                break
+    [record] = found
+    assert record.key == b"run-7"
+    assert decode_event(record.value) == event
