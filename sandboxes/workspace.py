@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 MEMORY_BACKED_ROOT = "/dev/shm"
+MEMORY_BACKED_MIN_FREE = 2 << 30  # a container's 64 MB /dev/shm would fill up: use disk there
 
 
 class WorkspaceError(Exception):
@@ -33,9 +34,14 @@ class WorkspaceError(Exception):
 
 
 def default_work_root() -> Path:
-    """`/dev/shm/rollstream-sandboxes` when /dev/shm is usable, else under the system tmp dir."""
-    base = MEMORY_BACKED_ROOT if os.access(MEMORY_BACKED_ROOT, os.W_OK) else tempfile.gettempdir()
-    return Path(base) / "rollstream-sandboxes"
+    """`/dev/shm/rollstream-sandboxes` when /dev/shm is writable and roomy, else under the system tmp dir."""
+    try:
+        shm = os.statvfs(MEMORY_BACKED_ROOT)
+        roomy = shm.f_bavail * shm.f_frsize >= MEMORY_BACKED_MIN_FREE
+    except OSError:
+        roomy = False
+    use_memory = roomy and os.access(MEMORY_BACKED_ROOT, os.W_OK)
+    return Path(MEMORY_BACKED_ROOT if use_memory else tempfile.gettempdir()) / "rollstream-sandboxes"
 
 
 def fill_workspace(source: Path | None, dest: Path, uid: int, gid: int) -> int:
