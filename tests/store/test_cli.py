@@ -14,9 +14,9 @@ from rollstream.commands import db as db_commands
 from rollstream.commands.sql import command as sql_command
 from streams.store import open_readonly
 from streams.store.readonly import WriteRefusedError, check_read_only
+from tests.store.batches import positioned, write_in_batches
 from tests.store.eventgen import generate_events
 from tests.store.expect import scalar
-from tests.store.test_store import positioned, write_in_batches
 
 runner = CliRunner()
 sql_app = typer.Typer()
