@@ -28,6 +28,7 @@ while one commits (one commit in flight, in order).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -118,6 +119,24 @@ async def sink_partitions(
     ]
 
 
+class DeadLetters:
+    """The `deadletter` producer, started on the first rejected record (most runs never need it)."""
+
+    def __init__(self, kafka: KafkaSettings, topics: TopicSettings, stack: contextlib.AsyncExitStack) -> None:
+        self.kafka, self.topics, self.stack = kafka, topics, stack
+        self.producer: EventProducer | None = None
+
+    async def send_all(self, rejected: list[RejectedRecord], consumer: str) -> None:
+        """Send a dead-letter event per record and wait until all are acknowledged."""
+        if not rejected:
+            return
+        if self.producer is None:
+            self.producer = await self.stack.enter_async_context(EventProducer(self.kafka, self.topics))
+        for item in rejected:
+            await self.producer.send("deadletter", dead_letter_event(item.record, item.reason, consumer))
+        await self.producer.flush()
+
+
 class Sink:
     """Consumes `store.sink_topics` into `engine`; `run()` until stopped or idle."""
 
@@ -145,8 +164,9 @@ class Sink:
         await consumer.start()
         try:
             partitions = await self._assign_from_store(consumer)
-            async with EventProducer(self.kafka, self.topics) as producer:
-                await self._loop(consumer, producer, partitions, until_idle_s)
+            async with contextlib.AsyncExitStack() as stack:
+                dead_letters = DeadLetters(self.kafka, self.topics, stack)
+                await self._loop(consumer, dead_letters, partitions, until_idle_s)
         finally:
             await consumer.stop()
         return self.totals
@@ -190,7 +210,7 @@ class Sink:
     async def _loop(
         self,
         consumer: AIOKafkaConsumer,
-        producer: EventProducer,
+        dead_letters: DeadLetters,
         partitions: list[TopicPartition],
         until_idle_s: float | None,
     ) -> None:
@@ -210,7 +230,7 @@ class Sink:
                     await committing
                     committing = None
                 if batch.offsets:
-                    committing = asyncio.create_task(self._apply(producer, batch))
+                    committing = asyncio.create_task(self._apply(dead_letters, batch))
                     idle_since = time.monotonic()
                 elif until_idle_s is not None and time.monotonic() - idle_since >= until_idle_s:
                     if committing is not None:
@@ -223,13 +243,8 @@ class Sink:
             if committing is not None:
                 await committing
 
-    async def _apply(self, producer: EventProducer, batch: SinkBatch) -> None:
-        if batch.rejected:  # acknowledged before the offsets move past them
-            for rejected in batch.rejected:
-                await producer.send(
-                    "deadletter", dead_letter_event(rejected.record, rejected.reason, self.name)
-                )
-            await producer.flush()
+    async def _apply(self, dead_letters: DeadLetters, batch: SinkBatch) -> None:
+        await dead_letters.send_all(batch.rejected, self.name)  # acked before the offsets move past them
         new = await asyncio.to_thread(self._commit, batch)
         totals = self.totals
         totals.records += len(batch.events) + len(batch.rejected)
