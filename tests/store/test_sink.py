@@ -67,7 +67,7 @@ def test_sink_killed_mid_run_resumes_exactly_once(
     events = generate_events(EVENTS, seed=33)
     produce(config, events)
     log = tmp_path / "sink.log"
-    assert interrupt(config, db_url, log, EVENTS // 10, signal.SIGKILL) == -signal.SIGKILL
+    assert interrupt(config, db_url, log, EVENTS // 20, signal.SIGKILL) == -signal.SIGKILL
     engine = open_readonly(db_url)
     killed_at = scalar(engine, "SELECT COUNT(*) FROM events")
     assert killed_at < EVENTS, "the sink finished before it was killed; the test proves nothing"
