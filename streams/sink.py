@@ -41,6 +41,7 @@ from streams.events import DecodeError
 from streams.settings import KafkaSettings, StoreSettings, TopicSettings
 from streams.store import StoredEvent, load_offsets, write_batch
 from streams.store.wire import decode_record
+from streams.store.writer import PreparedBatch, prepare_batch
 from streams.topics import list_topics, topic_name
 
 
@@ -63,6 +64,7 @@ class SinkBatch:
     events: list[StoredEvent]
     rejected: list[RejectedRecord]
     offsets: dict[tuple[str, int], int]
+    rows: PreparedBatch
 
 
 @dataclass
@@ -87,7 +89,7 @@ class SinkProgress:
 
 
 def split_batch(polled: Mapping[TopicPartition, list[ConsumerRecord]]) -> SinkBatch:
-    """Decode every record; the offsets cover every record, valid or not (pure)."""
+    """Decode every record and build its rows; the offsets cover every record, valid or not (pure)."""
     events: list[StoredEvent] = []
     rejected: list[RejectedRecord] = []
     offsets: dict[tuple[str, int], int] = {}
@@ -102,7 +104,7 @@ def split_batch(polled: Mapping[TopicPartition, list[ConsumerRecord]]) -> SinkBa
                 continue
             events.append(StoredEvent(event, tp.topic, tp.partition, record.offset, data_json))
         offsets[(tp.topic, tp.partition)] = max(record.offset for record in records) + 1
-    return SinkBatch(events, rejected, offsets)
+    return SinkBatch(events, rejected, offsets, prepare_batch(events))
 
 
 async def sink_partitions(
@@ -256,7 +258,7 @@ class Sink:
 
     def _commit(self, batch: SinkBatch) -> int:
         with self.engine.begin() as conn:
-            return write_batch(conn, batch.events, batch.offsets, self.name)
+            return write_batch(conn, batch.rows, batch.offsets, self.name)
 
     async def _caught_up(self, consumer: AIOKafkaConsumer, partitions: list[TopicPartition]) -> bool:
         """Every partition's position has reached its end offset (nothing left to read)."""

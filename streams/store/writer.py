@@ -33,17 +33,32 @@ _TABLES: dict[str, Table] = dict(Base.metadata.tables)
 ID_LOOKUP_CHUNK = 1000  # ids per `IN (...)`, well under every backend's bound-parameter limit
 
 
+@dataclass(frozen=True)
+class PreparedBatch:
+    """A batch's `events` rows and, per event id, its projection rows (built outside the transaction)."""
+
+    event_rows: list[dict[str, Any]]
+    projections: dict[str, list[ProjectionRow]]
+
+
+def prepare_batch(events: Sequence[StoredEvent]) -> PreparedBatch:
+    """The rows of `events` (pure; the sink builds them while the previous batch commits)."""
+    rows = [event_row(stored) for stored in events]
+    projections = {row["id"]: projection_rows(stored.event) for stored, row in zip(events, rows, strict=True)}
+    return PreparedBatch(rows, projections)
+
+
 def write_batch(
     conn: Connection,
-    events: Sequence[StoredEvent],
+    batch: Sequence[StoredEvent] | PreparedBatch,
     offsets: Mapping[tuple[str, int], int],
     consumer: str,
 ) -> int:
-    """Store `events` and set `consumer`'s next offsets; call inside `engine.begin()`. Returns new events."""
-    rows = [event_row(stored) for stored in events]
-    new_ids = insert_events(conn, rows)
-    fresh = [stored.event for stored, row in zip(events, rows, strict=True) if row["id"] in new_ids]
-    upsert_projections(conn, (row for event in fresh for row in projection_rows(event)))
+    """Store the events and set `consumer`'s next offsets (inside `engine.begin()`); the new events."""
+    prepared = batch if isinstance(batch, PreparedBatch) else prepare_batch(batch)
+    new_ids = insert_events(conn, prepared.event_rows)
+    fresh = (row for row in prepared.event_rows if row["id"] in new_ids)
+    upsert_projections(conn, (projection for row in fresh for projection in prepared.projections[row["id"]]))
     store_offsets(conn, consumer, offsets)
     return len(new_ids)
 
