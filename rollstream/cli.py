@@ -8,7 +8,7 @@ sub-app) or `command` (a single command). Commands read the one config through
 from __future__ import annotations
 
 import importlib
-import importlib.util
+import sys
 
 import typer
 
@@ -18,6 +18,11 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+
+@app.callback()
+def main() -> None:
+    """Asynchronous RL for software-engineering agents, event-sourced on Apache Kafka."""
+
 
 # (module under rollstream.commands, CLI name). Sub-apps first, single commands after.
 SUB_APPS = (
@@ -45,17 +50,26 @@ SINGLE_COMMANDS = (
 )
 
 
-def _register() -> None:
+def _requested(argv: list[str]) -> set[str] | None:
+    """The command named on the command line, when it is one of ours; None = all of them.
+
+    Registering only that command keeps `rollstream sql ...` from importing torch and the
+    rest (seconds per process on a small machine); help and unknown names see everything.
+    """
+    names = {name for _, name in (*SUB_APPS, *SINGLE_COMMANDS)}
+    words = [a for a in argv[1:] if not a.startswith("-")]
+    return {words[0]} if words and words[0] in names else None
+
+
+def _register(only: set[str] | None) -> None:
     for module_name, cli_name in SUB_APPS:
-        if importlib.util.find_spec(f"rollstream.commands.{module_name}") is None:
-            continue  # TODO(integration): strict once every area has landed
-        module = importlib.import_module(f"rollstream.commands.{module_name}")
-        app.add_typer(module.app, name=cli_name)
+        if only is None or cli_name in only:
+            module = importlib.import_module(f"rollstream.commands.{module_name}")
+            app.add_typer(module.app, name=cli_name)
     for module_name, cli_name in SINGLE_COMMANDS:
-        if importlib.util.find_spec(f"rollstream.commands.{module_name}") is None:
-            continue
-        module = importlib.import_module(f"rollstream.commands.{module_name}")
-        app.command(name=cli_name)(module.command)
+        if only is None or cli_name in only:
+            module = importlib.import_module(f"rollstream.commands.{module_name}")
+            app.command(name=cli_name)(module.command)
 
 
-_register()
+_register(_requested(sys.argv))
