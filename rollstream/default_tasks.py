@@ -25,7 +25,7 @@ from sandboxes.tasks.harbor import TASK_FILE
 from sandboxes.tasks.sdist import SdistSpec
 
 RECIPE_FILE = "recipe.json"
-BUILDER_VERSION = 3  # bump when the builder's output changes, so old sets are rebuilt
+BUILDER_VERSION = 4  # bump when the builder's output changes, so old sets are rebuilt
 MIN_TASKS = 30
 MIN_LIBRARIES = 3
 
