@@ -166,7 +166,7 @@ def status(config: Config, brokers: int = 1) -> list[NodeStatus]:
 
 def down(config: Config, brokers: int = 1, *, wipe: bool = False) -> list[int]:
     """Stop the setup's nodes (SIGTERM, then SIGKILL after `broker.stop_timeout_s`);
-    `wipe` also deletes their data. Returns the pids stopped."""
+    `wipe` also deletes their data (topics are lost). Returns the pids stopped."""
     setup = _setup(config, brokers)
     with file_lock(setup.root.parent / f"{setup.root.name}.lock"):
         pids = {node.node_id: live_pid(node.pid_file, _marker(node)) for node in setup.nodes}
@@ -177,8 +177,10 @@ def down(config: Config, brokers: int = 1, *, wipe: bool = False) -> list[int]:
             logger.warning("Kafka pids %s ignored SIGTERM; killed them", killed)
         for node in setup.nodes:
             node.pid_file.unlink(missing_ok=True)
-        if wipe:
-            shutil.rmtree(setup.root, ignore_errors=True)
+        if wipe:  # the data and cluster id go; logs stay for a post-mortem
+            for node in setup.nodes:
+                shutil.rmtree(node.data_dir, ignore_errors=True)
+            setup.cluster_id_file.unlink(missing_ok=True)
     return stopped
 
 

@@ -165,8 +165,12 @@ def ensure_jars(state_dir: Path, broker: BrokerSettings) -> Path:
 
 
 def new_cluster_id() -> str:
-    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding, never starting
+    with '-' (Kafka's own ids avoid it too: command lines would read it as an option)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 def formatted_cluster_id(node: Node) -> str | None:
@@ -240,7 +244,7 @@ def format_storage(
     """`kafka.tools.StorageTool format` (standalone controller for the single node)."""
     if formatted_cluster_id(node):
         return
-    argv = [*java_argv(java, libs, broker, node, "kafka.tools.StorageTool"), "format", "-t", cid]
+    argv = [*java_argv(java, libs, broker, node, "kafka.tools.StorageTool"), "format", f"--cluster-id={cid}"]
     argv += ["-c", str(node.properties)]
     if len(setup.nodes) == 1:
         argv.append("--standalone")

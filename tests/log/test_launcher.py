@@ -87,3 +87,10 @@ def test_unknown_kafka_version_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(LauncherError, match=r"Maven Central has no .*0\.0\.1-nope"):
         kafka_files.ensure_jars(config.state_dir, config.broker)
     assert not kafka_files.libs_dir(config.state_dir).exists()
+
+
+def test_cluster_ids_never_look_like_options() -> None:
+    ids = {kafka_files.new_cluster_id() for _ in range(3000)}  # ~47 would start with '-' if unchecked
+    assert len(ids) == 3000
+    assert not any(cid.startswith("-") for cid in ids)
+    assert all(len(cid) == 22 for cid in ids)
