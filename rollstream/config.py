@@ -51,6 +51,7 @@ class BrokerSettings(Frozen):
     message_max_bytes: int = Field(default=10_485_760, description="broker limit; > kafka.max_request_size")
     offsets_partitions: int = Field(default=10, description="__consumer_offsets partitions")
     jar_fetch_timeout_s: float = 600.0
+    port_release_s: float = Field(default=10.0, description="wait this long for a port to free up")
 
 
 class PostgresSettings(Frozen):
@@ -59,7 +60,7 @@ class PostgresSettings(Frozen):
     port: int = 15432
     user: str = "rollstream"
     database: str = "rollstream"
-    bin_dir: str = Field(default="", description="PostgreSQL binaries; empty = newest /usr/lib/postgresql/*/bin")
+    bin_dir: str = Field(default="", description="server binaries; empty = newest /usr/lib/postgresql/*/bin")
     system_user: str = Field(default="postgres", description="runs the server when we are root")
     startup_timeout_s: float = 60.0
 

@@ -138,9 +138,10 @@ async def _wait_for_leaders(admin: AIOKafkaAdminClient, specs: list[TopicSpec], 
     names = [spec.name for spec in specs]
     while True:
         described = await admin.describe_topics(names)
-        ready = all(
+        counts = {spec.name: spec.partitions for spec in specs}
+        ready = len(described) == len(specs) and all(
             not topic["error_code"]
-            and topic["partitions"]
+            and len(topic["partitions"]) == counts[topic["topic"]]
             and all(p["leader"] >= 0 for p in topic["partitions"])
             for topic in described
         )

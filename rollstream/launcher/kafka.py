@@ -99,7 +99,7 @@ def ensure_up(config: Config, brokers: int = 1) -> str:
             return setup.bootstrap  # a broker this state dir did not start already serves the port
         for node in to_start:
             for port in (node.port, node.controller_port):
-                if port_in_use(port):
+                if _port_stays_taken(port, config.broker.port_release_s):
                     raise LauncherError(
                         f"port {port} (Kafka node {node.node_id}) is taken by another process; stop it "
                         "or choose other ports (broker.port / broker.controller_port / broker.cluster_ports)"
@@ -108,6 +108,17 @@ def ensure_up(config: Config, brokers: int = 1) -> str:
             _start(config, setup, to_start)
         _wait_ready(config, setup)
     return setup.bootstrap
+
+
+def _port_stays_taken(port: int, grace_s: float) -> bool:
+    """True when `port` is still taken after `grace_s` (a node killed a moment ago may
+    still hold it while the kernel tears the process down)."""
+    deadline = time.monotonic() + grace_s
+    while port_in_use(port):
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.25)
+    return False
 
 
 def _start(config: Config, setup: Layout, nodes: list[Node]) -> None:

@@ -50,13 +50,17 @@ def _cluster_config(base: Config) -> Config:
 
 
 async def _leader_of_partition_zero(config: Config) -> int:
+    """Asked until every broker's metadata has the new topic (they catch up one by one)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=config.kafka.bootstrap)
     await admin.start()
     try:
-        [topic] = await admin.describe_topics([topic_name(config.topics, "rollout.events")])
-        partition = next(p for p in topic["partitions"] if p["partition"] == 0)
-        assert len(partition["replicas"]) == BROKERS
-        return int(partition["leader"])
+        for _ in range(120):
+            [topic] = await admin.describe_topics([topic_name(config.topics, "rollout.events")])
+            zero = [p for p in topic["partitions"] if p["partition"] == 0 and p["leader"] >= 0]
+            if zero and len(zero[0]["replicas"]) == BROKERS:
+                return int(zero[0]["leader"])
+            await asyncio.sleep(0.5)
+        raise AssertionError(f"partition 0 never showed {BROKERS} replicas: {topic}")
     finally:
         await admin.close()
 

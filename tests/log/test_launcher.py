@@ -34,7 +34,7 @@ def taken_port() -> Iterator[int]:
 
 
 def test_taken_port_is_a_clear_error(tmp_path: Path, taken_port: int) -> None:
-    ports = [f"broker.port={taken_port}", f"broker.controller_port={taken_port}"]
+    ports = [f"broker.port={taken_port}", f"broker.controller_port={taken_port}", "broker.port_release_s=0.5"]
     config = load_config(None, [f'run.state_dir="{tmp_path}"', *ports])
     with pytest.raises(LauncherError, match=f"port {taken_port} .* is taken"):
         kafka.ensure_up(config)
