@@ -40,11 +40,12 @@ def bwrap_argv(settings: SandboxSettings, workspace: Path, server_script: Path, 
     argv += root_links()
     for path in bwrap.etc_paths:
         argv += ["--ro-bind-try", path, path]
+    # /tmp first: a Python environment that lives under /tmp is bound on top of it, not hidden.
+    argv += ["--perms", "1777", "--size", str(settings.limits.tmpfs_mb << 20), "--tmpfs", "/tmp"]
     for path in [*python_paths(bwrap.bind_python), *bwrap.ro_paths]:
         argv += traversable_parents(path)
         argv += ["--ro-bind", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--perms", "1777", "--size", str(settings.limits.tmpfs_mb << 20), "--tmpfs", "/tmp"]
     argv += ["--bind", str(workspace), bwrap.workspace_mount]
     argv += ["--ro-bind", str(server_script), SERVER_PATH_INSIDE]
     argv += ["--chdir", bwrap.workspace_mount, "--"]
@@ -59,7 +60,7 @@ def traversable_parents(path: str) -> list[str]:
     """Parents of a bound path as plain 0755 dirs (bwrap would copy e.g. /root's 0700)."""
     argv: list[str] = []
     for parent in reversed(Path(path).parents[:-1]):
-        if str(parent) != "/usr":
+        if str(parent) not in ("/usr", "/tmp"):  # /tmp stays the sandbox's 1777 tmpfs
             argv += ["--perms", "0755", "--dir", str(parent)]
     return argv
 
