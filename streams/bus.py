@@ -29,7 +29,15 @@ from streams.producer import BusError, EventProducer
 from streams.settings import KafkaSettings, TopicSettings
 from streams.topics import topic_name
 
-__all__ = ["BusError", "Consumed", "EventConsumer", "EventProducer", "dead_letter_event", "read_topic"]
+__all__ = [
+    "BusError",
+    "Consumed",
+    "EventConsumer",
+    "EventProducer",
+    "collector_paused",
+    "dead_letter_event",
+    "read_topic",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +92,7 @@ class EventConsumer:
         fetched = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
         out: list[Consumed] = []
         bad: list[tuple[ConsumerRecord[bytes, bytes], str]] = []
-        with _collector_paused():
+        with collector_paused():
             for tp, records in fetched.items():
                 short = self._short[tp.topic]
                 for record in records:
@@ -127,7 +135,7 @@ class EventConsumer:
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector while a batch decodes (no awaits inside).
 
     Decoding allocates hundreds of thousands of acyclic containers per batch (token

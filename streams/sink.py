@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from sqlalchemy import Engine
 
-from streams.bus import EventProducer, dead_letter_event
+from streams.bus import EventProducer, collector_paused, dead_letter_event
 from streams.events import DecodeError
 from streams.settings import KafkaSettings, StoreSettings, TopicSettings
 from streams.store import StoredEvent, load_offsets, write_batch
@@ -227,7 +227,8 @@ class Sink:
                 polled = await consumer.getmany(
                     timeout_ms=self.store.sink_poll_ms, max_records=self.store.sink_batch_size
                 )
-                batch = split_batch(polled)
+                with collector_paused():  # see `collector_paused`; no await inside
+                    batch = split_batch(polled)
                 if committing is not None and (batch.offsets or committing.done()):
                     await committing
                     committing = None
