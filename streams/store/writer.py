@@ -167,9 +167,13 @@ def _execute_many(conn: Connection, statement: _Statement, rows: list[dict[str, 
 
 
 def _unique_by(rows: list[dict[str, Any]], key: tuple[str, ...], keep: str = "first") -> list[dict[str, Any]]:
-    unique: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for row in rows:
-        ident = tuple(row[name] for name in key)
-        if keep == "last" or ident not in unique:
-            unique[ident] = row
+    """One row per `key` value, in first-seen order; the first or the last row of each key."""
+    idents = list(map(itemgetter(*key), rows))  # itemgetter in C: this runs for every row of a batch
+    if keep == "last":
+        return list(dict(zip(idents, rows, strict=True)).values())
+    if len(set(idents)) == len(rows):  # the usual case: no duplicates
+        return rows
+    unique: dict[Any, dict[str, Any]] = {}
+    for ident, row in zip(idents, rows, strict=True):
+        unique.setdefault(ident, row)
     return list(unique.values())
