@@ -25,8 +25,10 @@ def kafka_bootstrap(base_config: Config) -> str:
 
 
 @pytest.fixture
-def config_factory(kafka_bootstrap: str, tmp_path: Path) -> Callable[..., Config]:
-    """Configs on the running broker with topics under a fresh prefix (created on demand)."""
+def config_factory(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Callable[..., Config]]:
+    """Configs on the running broker with topics under a fresh prefix (created on demand,
+    deleted afterwards: the broker slows down with thousands of leftover partitions)."""
+    made: list[Config] = []
 
     def make(*overrides: str, create_topics: bool = True) -> Config:
         prefix = f"t-{uuid.uuid4().hex[:8]}-"
@@ -45,9 +47,24 @@ def config_factory(kafka_bootstrap: str, tmp_path: Path) -> Callable[..., Config
             from streams.topics import create_topics as create
 
             asyncio.run(create(config.kafka, config.topics))
+        made.append(config)
         return config
 
-    return make
+    yield make
+    for config in made:
+        _delete_topics_quietly(config)
+
+
+def _delete_topics_quietly(config: Config) -> None:
+    import asyncio
+    import warnings
+
+    from streams.topics import delete_topics
+
+    try:
+        asyncio.run(delete_topics(config.kafka, config.topics))
+    except Exception as error:  # cleanup only: a test's verdict never depends on it
+        warnings.warn(f"could not delete topics {config.topics.prefix}*: {error}", stacklevel=1)
 
 
 @pytest.fixture
