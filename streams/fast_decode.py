@@ -18,7 +18,9 @@ packing arrays with struct instead of array.
 from __future__ import annotations
 
 import struct
+import sys
 import uuid
+from array import array
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
@@ -39,6 +41,8 @@ from streams.packed import Logprobs, LossMask, TokenIds
 from streams.payloads import Payload
 
 M = TypeVar("M", bound=BaseModel)
+_LITTLE = sys.byteorder == "little"
+STRUCT_CACHE_SIZE = 4096  # compiled pack formats kept per array type
 
 _ENVELOPE_FIELDS: dict[str, Any] = {
     "id": (uuid.UUID, ...),
@@ -69,15 +73,19 @@ def _unpacker(typecode: str) -> Callable[[Any], list[Any]]:
     array + tolist) and no per-item re-validation: the items are ints/floats by construction.
     JSON lists (older records) are refused here and take the reference path."""
     size = struct.calcsize("<" + typecode)
+    if array(typecode).itemsize != size:
+        raise AssertionError(f"array typecode {typecode!r} is not {size} bytes on this platform")
 
     def unpack_packed(value: Any) -> list[Any]:
         if not isinstance(value, str):
             raise ValueError("not a packed array")
         raw = pybase64.b64decode(value, validate=True)
-        count, rest = divmod(len(raw), size)
-        if rest:
+        if len(raw) % size:
             raise ValueError("packed array length is not a multiple of its item size")
-        return list(struct.unpack(f"<{count}{typecode}", raw))
+        items = array(typecode, raw)  # one copy, then tolist: no intermediate tuple (struct.unpack)
+        if not _LITTLE:
+            items.byteswap()
+        return items.tolist()
 
     return unpack_packed
 
@@ -85,8 +93,16 @@ def _unpacker(typecode: str) -> Callable[[Any], list[Any]]:
 def _packer(typecode: str) -> Callable[[list[Any]], str]:
     """`streams.packed.pack` with struct: the same bytes (little-endian), faster than array."""
 
+    formats: dict[int, struct.Struct] = {}  # by item count; a run's arrays have few distinct lengths
+
     def pack_array(values: list[Any]) -> str:
-        return pybase64.b64encode(struct.pack(f"<{len(values)}{typecode}", *values)).decode("ascii")
+        count = len(values)
+        packer = formats.get(count)
+        if packer is None:
+            if len(formats) >= STRUCT_CACHE_SIZE:
+                formats.clear()
+            packer = formats[count] = struct.Struct(f"<{count}{typecode}")
+        return pybase64.b64encode(packer.pack(*values)).decode("ascii")
 
     return pack_array
 
