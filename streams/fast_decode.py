@@ -4,7 +4,7 @@
 (payload, then envelope). Here each current event type gets an envelope model
 whose `type` is a literal and whose `data` is that type's payload; the record's
 type, read from the bytes, picks the model, which validates straight from the
-JSON bytes in Rust. Packed token arrays (`streams.packed`) are read with struct
+JSON bytes in Rust. Packed token arrays (`streams.packed`) are read with array.tolist
 and not re-validated item by item. The result is rebuilt as a plain `Event` with
 the plain payload class, equal to what `decode_event` returns. Anything the fast
 path does not accept (older schema versions that need upcasting, unknown types,
@@ -69,8 +69,8 @@ def _packed_typecode(info: FieldInfo) -> str | None:
 
 
 def _unpacker(typecode: str) -> Callable[[Any], list[Any]]:
-    """`streams.packed.unpack` for the packed (base64) form only, with struct (faster than
-    array + tolist) and no per-item re-validation: the items are ints/floats by construction.
+    """`streams.packed.unpack` for the packed (base64) form only, straight from the bytes (one
+    copy, then tolist) and no per-item re-validation: the items are ints/floats by construction.
     JSON lists (older records) are refused here and take the reference path."""
     size = struct.calcsize("<" + typecode)
     if array(typecode).itemsize != size:
@@ -91,7 +91,8 @@ def _unpacker(typecode: str) -> Callable[[Any], list[Any]]:
 
 
 def _packer(typecode: str) -> Callable[[list[Any]], str]:
-    """`streams.packed.pack` with struct: the same bytes (little-endian), faster than array."""
+    """`streams.packed.pack` with a compiled struct per length: the same bytes (little-endian),
+    faster than building an array from the list."""
 
     formats: dict[int, struct.Struct] = {}  # by item count; a run's arrays have few distinct lengths
 
