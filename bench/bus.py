@@ -26,10 +26,9 @@ import typer
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from rich.progress import Progress
 
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from bench.local_broker import ensure_local_broker
+from rollstream.commands.common import ConfigPath, Overrides, console, read_config
 from rollstream.config import Config
-from rollstream.launcher import kafka as kafka_launcher
-from rollstream.launcher.process import LauncherError
 from streams.bus import EventConsumer, EventProducer
 from streams.events import Event, encode_event
 from streams.sample_events import bench_mix
@@ -159,11 +158,7 @@ def command(
 ) -> None:
     """Events/s produced and consumed through streams.bus vs raw aiokafka (target ratio >= 0.7)."""
     cfg = read_config(config, overrides)
-    if cfg.kafka.bootstrap == f"127.0.0.1:{cfg.broker.port}":  # the local broker: start it if needed
-        try:
-            kafka_launcher.ensure_up(cfg)
-        except LauncherError as error:
-            fail(str(error))
+    ensure_local_broker(cfg)
     result = asyncio.run(_run(cfg, events, rounds, tokens))
     console.print(f"streams.bus {result['events_per_s']:,.0f}/s vs raw {result['raw_events_per_s']:,.0f}/s")
     print(json.dumps(result))

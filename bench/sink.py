@@ -29,10 +29,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import insert, select
 
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from bench.local_broker import ensure_local_broker
+from rollstream.commands.common import ConfigPath, Overrides, console, read_config
 from rollstream.config import Config
-from rollstream.launcher import kafka as kafka_launcher
-from rollstream.launcher.process import LauncherError
 from streams.bus import EventProducer
 from streams.events import Event, event_id
 from streams.sample_events import bench_mix
@@ -196,11 +195,7 @@ def command(
 ) -> None:
     """Events/s into SQLite through the sink (from Kafka) vs a plain batched insert (target ratio >= 0.5)."""
     cfg = read_config(config, overrides)
-    if cfg.kafka.bootstrap == f"127.0.0.1:{cfg.broker.port}":  # the local broker: start it if needed
-        try:
-            kafka_launcher.ensure_up(cfg)
-        except LauncherError as error:
-            fail(str(error))
+    ensure_local_broker(cfg)
     with tempfile.TemporaryDirectory(
         prefix="rollstream-bench-sink-", dir=cfg.state_dir if cfg.state_dir.exists() else None
     ) as workdir:
