@@ -26,6 +26,7 @@ import typer
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from rich.progress import Progress
 
+from bench.figures import median_rates
 from bench.local_broker import ensure_local_broker
 from rollstream.commands.common import ConfigPath, Overrides, console, read_config
 from rollstream.config import Config
@@ -137,15 +138,12 @@ async def _run(config: Config, count: int, rounds: int, tokens: int) -> dict[str
                 finally:
                     await delete_topics(config.kafka, topics)
                 console.print(f"round {round_no} {label}: {results[-1]:,.0f} events/s")
-    ours_median, raw_median = statistics.median(ours), statistics.median(raw)
     return {
         "events": count,
         "rounds": rounds,
         "cpu_us_per_event": round(statistics.median(cpu["streams.bus"]), 1),
         "raw_cpu_us_per_event": round(statistics.median(cpu["raw aiokafka"]), 1),
-        "events_per_s": round(ours_median, 1),
-        "raw_events_per_s": round(raw_median, 1),
-        "ratio": round(ours_median / raw_median, 3),
+        **median_rates(ours, raw),
     }
 
 

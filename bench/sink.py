@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import tempfile
 import time
 import uuid
@@ -29,6 +28,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import insert, select
 
+from bench.figures import median_rates
 from bench.local_broker import ensure_local_broker
 from rollstream.commands.common import ConfigPath, Overrides, console, read_config
 from rollstream.config import Config
@@ -176,14 +176,7 @@ async def run(config: Config, count: int, tokens: int, rounds: int, workdir: Pat
                 )
     finally:
         await drop_topics(config, topics)
-    ours_median, raw_median = statistics.median(ours), statistics.median(raw)
-    return {
-        "events": count,
-        "rounds": rounds,
-        "events_per_s": round(ours_median, 1),
-        "raw_events_per_s": round(raw_median, 1),
-        "ratio": round(ours_median / raw_median, 3),
-    }
+    return {"events": count, "rounds": rounds, **median_rates(ours, raw)}
 
 
 def command(
