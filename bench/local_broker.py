@@ -10,7 +10,7 @@ from rollstream.launcher.process import LauncherError
 
 def ensure_local_broker(cfg: Config) -> None:
     """Start the local broker when the config points at it; a remote cluster is left alone."""
-    if cfg.kafka.bootstrap != f"127.0.0.1:{cfg.broker.port}":
+    if not kafka_launcher.points_at_local_broker(cfg):
         return
     try:
         kafka_launcher.ensure_up(cfg)

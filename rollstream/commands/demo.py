@@ -26,7 +26,7 @@ from agents.submit import limits_of, run_requests, submit_requests, task_refs
 from rollstream.commands.common import ConfigPath, Overrides, console, fail
 from rollstream.config import Config, ConfigError, load_config
 from rollstream.default_tasks import ensure_default_tasks
-from rollstream.launcher.kafka import ensure_up
+from rollstream.launcher.kafka import ensure_up, points_at_local_broker
 from rollstream.pipeline import Pipeline, ProcessExitedError
 from rollstream.run_progress import wait_for_groups, wait_for_sink
 from rollstream.run_summary import summarise_run
@@ -89,8 +89,10 @@ class Prepared:
 
 def prepare(cfg: Config) -> Prepared:
     """Services and inputs: Kafka, topics, the default task set, the policy model."""
-    with console.status("starting Kafka (the first time fetches its jars from Maven Central)"):
-        bootstrap = ensure_up(cfg)
+    bootstrap = cfg.kafka.bootstrap
+    if points_at_local_broker(cfg):  # a remote cluster in kafka.bootstrap is used as it is
+        with console.status("starting Kafka (the first time fetches its jars from Maven Central)"):
+            bootstrap = ensure_up(cfg)
     console.print(f"Kafka at {bootstrap}")
     asyncio.run(create_topics(cfg.kafka, cfg.topics))
     tasks_dir = ensure_default_tasks(cfg)

@@ -87,6 +87,11 @@ def broker_count(bootstrap: str, timeout_s: float = 5.0) -> int:
         quiet.setLevel(level)
 
 
+def points_at_local_broker(config: Config) -> bool:
+    """Whether `kafka.bootstrap` is the broker `ensure_up` would start (not a remote cluster)."""
+    return config.kafka.bootstrap == f"127.0.0.1:{config.broker.port}"
+
+
 def ensure_up(config: Config, brokers: int = 1) -> str:
     """Start the broker (or cluster) unless it runs; return the bootstrap address."""
     setup = _setup(config, brokers)
