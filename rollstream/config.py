@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -160,5 +160,3 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None) ->
 def _deep_copy(tree: dict[str, Any]) -> dict[str, Any]:
     return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in tree.items()}
 
-
-ConfigFormat = Literal["toml", "json"]

@@ -22,7 +22,6 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError
 
-from streams.outcomes import Outcome
 from streams.payloads import (
     DeadLetterRecord,
     GroupFormed,
@@ -214,6 +213,3 @@ def _first_errors(error: ValidationError, limit: int = 3) -> str:
     more = error.error_count() - limit
     return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
 
-
-def is_infra_error(outcome: Outcome | str) -> bool:
-    return str(outcome).startswith("infra_error:")
