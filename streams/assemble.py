@@ -14,7 +14,8 @@ duplicates (same event id: the first copy wins), and returns:
 Token layout of the result: the prompt, then per turn the observation tokens
 (new prompt tokens since the last turn, loss mask 0) and the output tokens (loss
 mask 1, with the engine's logprob and weight version of each token). Prompt and
-observation tokens carry logprob 0.0 and version -1.
+observation tokens carry logprob 0.0 and version -1. The arrays are `array.array`s
+(int32 ids and versions, int8 mask, float64 logprobs), like the payloads' (`streams.packed`).
 
 `check_event(event)` is the per-event half of the same validation, so a stream
 worker can dead-letter one bad event without waiting for its trajectory.
@@ -22,11 +23,14 @@ worker can dead-letter one bad event without waiting for its trajectory.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from streams.events import ROLLOUT_EVENT_TYPES, Event
 from streams.outcomes import Outcome
+from streams.packed import empty
 from streams.payloads import (
     Limits,
     SandboxReady,
@@ -76,10 +80,10 @@ class Trajectory:
     outcome: Outcome
     reward: float | None
     error: str | None
-    token_ids: list[int]
-    loss_mask: list[int]
-    rollout_logprobs: list[float]
-    token_versions: list[int]
+    token_ids: array[int]  # int32
+    loss_mask: array[int]  # int8
+    rollout_logprobs: array[float]  # float64
+    token_versions: array[int]  # int32
     prompt_tokens: int
     turns: int
     generated_tokens: int
@@ -199,22 +203,24 @@ def fold_trajectory(events: Iterable[Event], *, checked: bool = False) -> Trajec
 
 @dataclass
 class _Arrays:
-    token_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
+    """The trajectory's token arrays, grown turn by turn (`extend` of same-type arrays is a copy)."""
 
-    def add_context(self, ids: list[int]) -> None:
-        self.token_ids += ids
-        self.loss_mask += [0] * len(ids)
-        self.logprobs += [0.0] * len(ids)
-        self.versions += [PROMPT_VERSION] * len(ids)
+    token_ids: array[int] = field(default_factory=empty("i"))
+    loss_mask: array[int] = field(default_factory=empty("b"))
+    logprobs: array[float] = field(default_factory=empty("d"))
+    versions: array[int] = field(default_factory=empty("i"))
+
+    def add_context(self, ids: Sequence[int]) -> None:
+        self.token_ids.extend(ids)
+        self.loss_mask.extend(repeat(0, len(ids)))
+        self.logprobs.extend(repeat(0.0, len(ids)))
+        self.versions.extend(repeat(PROMPT_VERSION, len(ids)))
 
     def add_output(self, turn: TurnGenerated) -> None:
-        self.token_ids += turn.output_token_ids
-        self.loss_mask += [1] * len(turn.output_token_ids)
-        self.logprobs += turn.output_logprobs
-        self.versions += turn.output_versions
+        self.token_ids.extend(turn.output_token_ids)
+        self.loss_mask.extend(repeat(1, len(turn.output_token_ids)))
+        self.logprobs.extend(turn.output_logprobs)
+        self.versions.extend(turn.output_versions)
 
 
 @dataclass

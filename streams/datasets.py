@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,8 +45,8 @@ def sft_rows(trajectories: Sequence[Trajectory], decode: Decode | None = None) -
                 "task_id": trajectory.task_id,
                 "trajectory_id": trajectory.trajectory_id,
                 "messages": messages_of(trajectory, decode),
-                "input_ids": trajectory.token_ids,
-                "loss_mask": trajectory.loss_mask,
+                "input_ids": list(trajectory.token_ids),
+                "loss_mask": list(trajectory.loss_mask),
                 "reward": trajectory.reward,
                 "turns": trajectory.turns,
             }
@@ -55,7 +56,7 @@ def sft_rows(trajectories: Sequence[Trajectory], decode: Decode | None = None) -
 
 def messages_of(trajectory: Trajectory, decode: Decode | None) -> list[dict[str, str]]:
     """The episode as chat messages (see module docstring for the text without a tokenizer)."""
-    ids = trajectory.token_ids
+    ids = list(trajectory.token_ids)
     prompt = ids[: trajectory.prompt_tokens]
     messages = [{"role": "user", "content": decode(prompt) if decode else f"<{len(prompt)} prompt tokens>"}]
     previous_output: str | None = None
@@ -90,10 +91,10 @@ def rl_rows(trajectories: Sequence[Event], groups: Sequence[Event]) -> list[dict
                 "rewards": group.rewards,
                 "advantages": group.advantages,
                 "loss_masked": group.loss_masked or [False] * len(group.members),
-                "input_ids": [m.token_ids if m else [] for m in members],
-                "loss_mask": [m.loss_mask if m else [] for m in members],
-                "rollout_logprobs": [m.rollout_logprobs if m else [] for m in members],
-                "token_versions": [m.token_versions if m else [] for m in members],
+                "input_ids": [list(m.token_ids) if m else [] for m in members],
+                "loss_mask": [list(m.loss_mask) if m else [] for m in members],
+                "rollout_logprobs": [list(m.rollout_logprobs) if m else [] for m in members],
+                "token_versions": [list(m.token_versions) if m else [] for m in members],
                 "infra_errors": group.infra_errors,
                 "weight_version": event.policy_version,
             }
@@ -107,7 +108,8 @@ def trajectory_rows(trajectories: Sequence[Event]) -> list[dict[str, Any]]:
         data = event.data
         if not isinstance(data, TrajectoryAssembled):
             continue
-        row = data.model_dump(mode="python")
+        fields = data.model_dump(mode="python")
+        row = {k: v.tolist() if isinstance(v, array) else v for k, v in fields.items()}
         row["times"] = data.times.model_dump()
         row["policy"] = json.dumps(data.policy, sort_keys=True)
         row["outcome"] = str(data.outcome)

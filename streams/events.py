@@ -157,7 +157,8 @@ def make_event(
 
 
 def encode_event(event: Event) -> bytes:
-    return event.model_dump_json().encode()
+    """The record's bytes: compact JSON, token arrays packed (`model_dump_json`, minus a str round trip)."""
+    return event.__pydantic_serializer__.to_json(event)
 
 
 def upcast(kind: str, version: int, data: dict[str, Any]) -> dict[str, Any]:

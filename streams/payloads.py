@@ -13,7 +13,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from streams.outcomes import Outcome
-from streams.packed import Logprobs, LossMask, TokenIds
+from streams.packed import Logprobs, LossMask, TokenIds, empty
 
 
 class Payload(BaseModel):
@@ -53,7 +53,7 @@ class TrajectoryStarted(Payload):
     retry: int = Field(default=0, ge=0, description="re-runs of this attempt after infra errors")
     group_size: int = Field(ge=1)
     limits: Limits
-    prompt_token_ids: TokenIds = Field(default_factory=list, description="system + instance prompt")
+    prompt_token_ids: TokenIds = Field(default_factory=empty("i"), description="system + instance prompt")
 
 
 class SandboxRequested(Payload):

@@ -23,8 +23,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
 
-from streams.events import Event
-from streams.fast_decode import encode_event_fast
+from streams.events import Event, encode_event
 from streams.settings import KafkaSettings, TopicSettings
 from streams.topics import COMPACTED, topic_name
 
@@ -92,11 +91,11 @@ class EventProducer:
     async def send(self, short_topic: str, event: Event) -> None:
         """Enqueue `event`; returns without waiting for the broker. Key: `event.key` (the
         group), or the run id on compacted topics (`weights`: latest record per run)."""
-        await self.send_raw(short_topic, encode_event_fast(event), _key(short_topic, event))
+        await self.send_raw(short_topic, encode_event(event), _key(short_topic, event))
 
     async def send_and_wait(self, short_topic: str, event: Event) -> None:
         """Send `event` and return once the broker has acked it."""
-        tp, batch = await self._append(short_topic, encode_event_fast(event), _key(short_topic, event))
+        tp, batch = await self._append(short_topic, encode_event(event), _key(short_topic, event))
         if self._open.get(tp) is batch:
             await self._submit(tp)
         await batch.handed_over.wait()  # the linger loop may be handing it over right now

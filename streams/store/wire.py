@@ -32,14 +32,9 @@ from pydantic import (
 )
 
 from streams.events import PAYLOADS, Event, decode_event, encode_event
-from streams.packed import Logprobs, LossMask, TokenIds, pack, unpack
+from streams.packed import pack, packed_array_of, unpack
 
-# The BeforeValidator that marks each packed array type -> (array typecode, element type).
-_PACKED_KINDS: dict[int, tuple[str, type]] = {
-    id(TokenIds.__metadata__[0]): ("i", int),
-    id(LossMask.__metadata__[0]): ("b", int),
-    id(Logprobs.__metadata__[0]): ("d", float),
-}
+_ELEMENT = {"i": int, "b": int, "d": float}  # array typecode -> the JSON list's item type
 
 
 def _packed_type(typecode: str, element: type) -> Any:
@@ -70,10 +65,13 @@ def _packed_type(typecode: str, element: type) -> Any:
 def _wire_payload(model: type[BaseModel]) -> type[BaseModel]:
     overrides: dict[str, Any] = {}
     for name, info in model.model_fields.items():
-        kind = next((_PACKED_KINDS[id(m)] for m in info.metadata if id(m) in _PACKED_KINDS), None)
-        if kind is not None:
-            default = "" if info.default_factory is list else ...
-            overrides[name] = (_packed_type(*kind), Field(default=default, description=info.description))
+        packed = packed_array_of(info.metadata)
+        if packed is not None:
+            default = "" if info.default_factory is not None else ...
+            overrides[name] = (
+                _packed_type(packed.typecode, _ELEMENT[packed.typecode]),
+                Field(default=default, description=info.description),
+            )
     if not overrides:
         return model
     return create_model("Wire" + model.__name__, __base__=model, **overrides)  # type: ignore[call-overload, no-any-return]

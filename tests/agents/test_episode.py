@@ -107,7 +107,7 @@ async def test_submit_after_work_is_verified(chat: ChatFormat) -> None:
     ]  # fmt: skip
     check_events(sink)
     turns = [e.data for e in sink.events if e.type == "turn.generated"]
-    assert turns[0].observation_token_ids == [] and turns[1].observation_token_ids
+    assert len(turns[0].observation_token_ids) == 0 and turns[1].observation_token_ids
     assert all(v == 3 for t in turns for v in t.output_versions)
     assert sink.events[-1].policy_version == 3
 

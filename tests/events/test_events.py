@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from array import array
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from streams import events as ev
 from streams.events import DecodeError, decode_event, encode_event, event_id, make_event
@@ -56,6 +58,29 @@ def test_json_lists_still_read() -> None:
     raw["data"]["output_token_ids"] = [5, 6]
     raw["data"]["output_logprobs"] = [-1.0, -2.0]
     assert decode_event(json.dumps(raw)) == event
+
+
+def test_token_arrays_are_typed_arrays_in_memory() -> None:
+    data = turn([7, 8, 9], [-0.5, -0.25, -1.0])
+    assert isinstance(data.output_token_ids, array) and data.output_token_ids.typecode == "i"
+    assert isinstance(data.output_logprobs, array) and data.output_logprobs.typecode == "d"
+    assert data.output_token_ids.tolist() == [7, 8, 9]
+    assert TrajectoryStarted(attempt=0, group_size=1, limits=Limits()).prompt_token_ids == array("i")
+    source = [1, 2, 3]
+    copied = turn(source, [0.0] * 3)
+    source.append(4)  # the event holds its own copy
+    assert copied.output_token_ids.tolist() == [1, 2, 3]
+    back = decode_event(encode_event(make_event(data, run_id="r", seq=1, time_ns=1, source="w")))
+    assert back.data.output_token_ids.typecode == "i" and back.data.output_logprobs.typecode == "d"
+
+
+@pytest.mark.parametrize(
+    ("tokens", "needle"),
+    [([2**31], "int32"), ([1, "two"], "int32"), ([0.5], "int32"), ({"a": 1}, "list of numbers")],
+)
+def test_bad_token_arrays_are_refused_with_the_reason(tokens: object, needle: str) -> None:
+    with pytest.raises(ValidationError, match=needle):
+        TrajectoryStarted(attempt=0, group_size=1, limits=Limits(), prompt_token_ids=tokens)  # type: ignore[arg-type]
 
 
 def test_finished_reward_and_outcome() -> None:

@@ -53,7 +53,7 @@ def test_packed_arrays_are_counted_without_unpacking() -> None:
 def test_list_arrays_are_validated_and_stored_packed() -> None:
     turn = _first("turn.generated")
     raw = json.loads(encode_event(turn))
-    raw["data"]["output_token_ids"] = turn.data.output_token_ids  # type: ignore[attr-defined]
+    raw["data"]["output_token_ids"] = turn.data.output_token_ids.tolist()  # type: ignore[attr-defined]
     _, data_json = decode_record(json.dumps(raw).encode())
     assert json.loads(data_json) == turn.data.model_dump(mode="json")  # packed, as the encoder writes it
     raw["data"]["output_token_ids"] = [1, "two", 3]

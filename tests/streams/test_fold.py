@@ -28,7 +28,7 @@ def test_fold_lays_out_prompt_observations_and_outputs() -> None:
     expected_ids = list(events[0].data.prompt_token_ids)
     for turn in turns:
         expected_ids += turn.observation_token_ids + turn.output_token_ids
-    assert trajectory.token_ids == expected_ids
+    assert trajectory.token_ids.tolist() == expected_ids
     # mask 1 exactly on output tokens, with their logprobs and versions; 0 / -1 elsewhere
     for i, mask in enumerate(trajectory.loss_mask):
         if mask:
