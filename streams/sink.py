@@ -234,6 +234,9 @@ class Sink:
                     committing = None
                 if batch.offsets:
                     committing = asyncio.create_task(self._apply(dead_letters, batch))
+                    # Let the task reach its thread now: the next getmany may return buffered
+                    # records without yielding, and the commit would then wait for the next decode.
+                    await asyncio.sleep(0)
                     idle_since = time.monotonic()
                 elif until_idle_s is not None and time.monotonic() - idle_since >= until_idle_s:
                     if committing is not None:

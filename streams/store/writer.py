@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import chain
 from operator import itemgetter
 from typing import Any
 
@@ -31,6 +32,8 @@ from streams.store.rows import ProjectionRow, StoredEvent, event_row, projection
 
 _TABLES: dict[str, Table] = dict(Base.metadata.tables)
 ID_LOOKUP_CHUNK = 1000  # ids per `IN (...)`, well under every backend's bound-parameter limit
+ROWS_PER_STATEMENT = 500  # rows per multi-row INSERT on SQLite
+SQLITE_VARIABLES = 32_766  # SQLite's default bound-parameter limit since 3.32
 
 
 @dataclass(frozen=True)
@@ -157,13 +160,31 @@ def _bind(name: str, is_json: bool, postgres: bool) -> Any:
 
 
 def _execute_many(conn: Connection, statement: _Statement, rows: list[dict[str, Any]]) -> None:
-    """executemany on the driver: these rows hold plain values, so SQLAlchemy's per-row
-    parameter processing (most of the sink's SQL time) is skipped."""
+    """Run `statement` for every row on the driver: these rows hold plain values, so
+    SQLAlchemy's per-row parameter processing (most of the sink's SQL time) is skipped.
+
+    PostgreSQL: psycopg's executemany (pipelined). SQLite: multi-row `VALUES` of up to
+    `ROWS_PER_STATEMENT` rows, because sqlite3's executemany releases and re-takes the
+    GIL for every row, and each re-take waits behind the sink's decoding thread."""
     if statement.order is None:
         conn.exec_driver_sql(statement.sql, rows)  # type: ignore[arg-type]
-    else:
-        values = itemgetter(*statement.order)
-        conn.exec_driver_sql(statement.sql, [values(row) for row in rows])
+        return
+    values = itemgetter(*statement.order)
+    per_statement = max(1, min(ROWS_PER_STATEMENT, SQLITE_VARIABLES // len(statement.order)))
+    for first in range(0, len(rows), per_statement):
+        chunk = rows[first : first + per_statement]
+        params = tuple(chain.from_iterable(map(values, chunk))) if len(statement.order) > 1 else tuple(
+            map(values, chunk)
+        )
+        conn.exec_driver_sql(_multi_row(statement.sql, len(chunk)), params)
+
+
+@lru_cache(maxsize=256)
+def _multi_row(sql: str, rows: int) -> str:
+    """`INSERT ... VALUES (?, ...) ...` with its values group repeated `rows` times."""
+    head, values, tail = sql.partition(" VALUES ")
+    end = tail.index(")") + 1  # SQLite's group is "(?, ?, ...)": no parenthesis inside
+    return head + values + ", ".join([tail[:end]] * rows) + tail[end:]
 
 
 def _unique_by(rows: list[dict[str, Any]], key: tuple[str, ...], keep: str = "first") -> list[dict[str, Any]]:
