@@ -14,6 +14,10 @@ of the partition re-runs them and, since ids derive from (trajectory id, seq),
 writes the same event ids. Stopping (`stop` set) cancels in-flight episodes
 without writing more for them, for the same reason.
 
+A request no worker can serve (its task directory is missing or malformed, or the
+record is not a rollout request with ids) goes to `deadletter` with the reason,
+acked before its offset is committed, and the worker goes on.
+
 Infrastructure errors end in `trajectory.finished` with `infra_error:*` (never
 a reward); while `retry < PolicySettings.infra_error_retries` the worker writes a
 new request for the same attempt with `retry + 1` (a new trajectory id) before
@@ -52,8 +56,8 @@ from agents.offsets import OffsetTracker, Partition
 from agents.settings import RolloutSettings
 from agents.submit import TaskRef, request_event
 from sandboxes.tasks import Task, TaskFormatError, load_task
-from streams.bus import Consumed, EventConsumer, EventProducer
-from streams.events import Event
+from streams.bus import Consumed, EventConsumer, EventProducer, dead_letter
+from streams.events import Event, encode_event
 from streams.payloads import RolloutRequested, TrajectoryFinished
 from streams.settings import KafkaSettings, PolicySettings, TopicSettings
 from streams.topics import short_name, topic_name
@@ -272,13 +276,13 @@ class RolloutWorker:
         event = consumed.event
         request = event.data
         if not isinstance(request, RolloutRequested) or not event.trajectory_id or not event.group_id:
-            log.error("skipping %s at %s[%d]@%d: not a rollout request with ids", event.type,
-                      consumed.topic, consumed.partition, consumed.offset)  # fmt: skip
+            reason = f"{event.type} is not a rollout request with group and trajectory ids"
+            await self._dead_letter(consumed, reason)
             return
         try:
             task = self.tasks.get(request.task_dir)
         except TaskFormatError as error:
-            log.error("skipping request %s: %s", event.trajectory_id, error)
+            await self._dead_letter(consumed, f"the request's task cannot be loaded: {error}")
             return
         spec = EpisodeSpec(
             run_id=event.run_id, group_id=event.group_id, trajectory_id=event.trajectory_id, task=task,
@@ -291,6 +295,17 @@ class RolloutWorker:
             await self._send_retry(event, request)
         if self.on_finished is not None:
             self.on_finished(spec, finished)
+
+    async def _dead_letter(self, consumed: Consumed, reason: str) -> None:
+        """A request no worker can serve goes to `deadletter` (acked before its offset is committed)."""
+        assert self._sink is not None
+        log.error("dead-lettering %s[%d]@%d: %s", consumed.topic, consumed.partition, consumed.offset, reason)
+        event = consumed.event
+        record = dead_letter(
+            topic_name(self.settings.topics, consumed.topic), consumed.partition, consumed.offset,
+            event.key, encode_event(event), reason=reason, consumer=self.name,
+        )  # fmt: skip
+        await self._sink.send_acked("deadletter", record)
 
     async def _run_episode(self, spec: EpisodeSpec) -> TrajectoryFinished:
         assert self._sink is not None
@@ -355,7 +370,6 @@ class RolloutWorker:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-
 
 
 class _Rebalance(ConsumerRebalanceListener):

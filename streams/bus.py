@@ -35,6 +35,7 @@ __all__ = [
     "EventConsumer",
     "EventProducer",
     "collector_paused",
+    "dead_letter",
     "dead_letter_event",
     "read_topic",
 ]
@@ -153,23 +154,31 @@ def collector_paused() -> Iterator[None]:
 
 def dead_letter_event(record: ConsumerRecord[bytes, bytes], reason: str, consumer: str) -> Event:
     """The `deadletter.record` event for a record that could not be read."""
-    value = record.value or b""
+    return dead_letter(record.topic, record.partition, record.offset, record.key, record.value or b"",
+                       reason=reason, consumer=consumer)  # fmt: skip
+
+
+def dead_letter(
+    topic: str, partition: int, offset: int, key: bytes | None, value: bytes, *, reason: str, consumer: str
+) -> Event:
+    """The `deadletter.record` event for the record at `topic` (full name) [`partition`] @ `offset`:
+    one that could not be read, or a valid event that no consumer can act on."""
     data = DeadLetterRecord(
         reason=reason,
-        topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
-        key_b64=base64.b64encode(record.key).decode() if record.key is not None else None,
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        key_b64=base64.b64encode(key).decode() if key is not None else None,
         value_b64=base64.b64encode(value).decode(),
         consumer=consumer,
     )
     return make_event(
         data,
         run_id=_run_id_of(value),
-        seq=record.offset,
+        seq=offset,
         time_ns=time.time_ns(),
         source=consumer,
-        id_key=f"deadletter:{record.topic}:{record.partition}",
+        id_key=f"deadletter:{topic}:{partition}",
     )
 
 

@@ -12,6 +12,7 @@ from `rollstream model init`, bwrap sandboxes and a default task.
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import shutil
 import signal
@@ -31,9 +32,9 @@ from agents.submit import TaskRef, request_event, submit_requests
 from rollstream.config import Config
 from streams.assemble import fold_trajectory
 from streams.bus import EventProducer, read_topic
-from streams.events import ROLLOUT_EVENT_TYPES, Event, make_event
+from streams.events import ROLLOUT_EVENT_TYPES, Event, decode_event, make_event
 from streams.outcomes import Outcome
-from streams.payloads import Limits, RolloutAbort
+from streams.payloads import DeadLetterRecord, Limits, RolloutAbort
 from trainer.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -187,6 +188,7 @@ def test_episodes_through_the_worker_process_and_kafka(
     normal = submit(kafka_config, "run-a", task, 0, 1, short)
     running, early = submit(kafka_config, "run-a", task, 1, 2, long)
     write_abort(kafka_config, "run-a", [early])  # aborted before any worker picks it up
+    unservable = submit(kafka_config, "run-a", TaskRef("no-such-task", "no-such-task"), 2, 1, short)
     worker = Worker(kafka_config, one_task_root, engine_url, model_dir, tmp_path / "worker.log",
                     "agent.max_format_errors=1000")  # fmt: skip
     try:
@@ -200,6 +202,7 @@ def test_episodes_through_the_worker_process_and_kafka(
         wait_until(lambda: expected <= finished_ids(read_events(kafka_config)), "every episode to finish")
     finally:
         worker.kill(signal.SIGTERM)
+    check_dead_lettered_request(kafka_config, unservable[0])
     trajectories = by_trajectory(read_events(kafka_config))
     check_normal_episode(trajectories[normal[0]], model_dir)
     for aborted in (running, early):
@@ -207,6 +210,18 @@ def test_episodes_through_the_worker_process_and_kafka(
         assert finished.outcome == Outcome.TRUNCATED_DEADLINE and finished.reward == 0.0, finished
     assert [e.type for e in trajectories[early]] == ["trajectory.started", "trajectory.finished"]
     assert "tests.ran" not in {e.type for e in trajectories[running]}
+
+
+def check_dead_lettered_request(config: Config, trajectory_id: str) -> None:
+    """A request naming a task the worker does not have is in `deadletter`, whole, with the reason."""
+    consumed = asyncio.run(read_topic(config.kafka, config.topics, "deadletter", idle_s=0.5))
+    letters = [c.event.data for c in consumed if isinstance(c.event.data, DeadLetterRecord)]
+    assert len(letters) == 1, letters
+    letter = letters[0]
+    assert "no-such-task" in letter.reason and letter.topic.endswith("rollout.requests")
+    request = decode_event(base64.b64decode(letter.value_b64))
+    assert request.trajectory_id == trajectory_id and request.type == "rollout.requested"
+    assert trajectory_id not in finished_ids(read_events(config))  # not run, not scored
 
 
 def check_normal_episode(events: list[Event], model_dir: Path) -> None:
