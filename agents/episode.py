@@ -17,6 +17,9 @@ How it ends (`trajectory.finished.outcome`):
   verifier decides `resolved` (reward >= 1) or `unresolved`;
 - a length control (`agents.limits`) stops it: `truncated:turns|tokens|context`,
   the verifier still runs and its reward is kept;
+- the task's agent time budget (`Task.agent_timeout_s`, counted from sandbox
+  ready) runs out: `truncated:time`, checked before each model call, with each
+  command's timeout clipped to the time left; the verifier still runs;
 - `Episode.abort()` (group deadline): the in-flight engine request is aborted,
   no verifier, `truncated:deadline` with reward 0;
 - an infrastructure failure (sandbox, engine, network, verifier): `infra_error:*`
@@ -79,6 +82,9 @@ ENGINE_ERROR_OUTCOMES = {
     "request": Outcome.INFRA_ENGINE,
     "context": Outcome.TRUNCATED_CONTEXT,
 }
+# A command's timeout is clipped to the agent's time left, but never below this: a command
+# that starts with a few milliseconds left would otherwise time out before it could run.
+MIN_COMMAND_TIMEOUT_S = 1.0
 
 
 class EventSink(Protocol):
@@ -154,6 +160,7 @@ class Episode:
         self._task: asyncio.Task[TrajectoryFinished] | None = None
         self._cancellable = False
         self._rid: str | None = None
+        self._agent_deadline = float("inf")  # set when the agent's turns begin
 
     # ---- control -------------------------------------------------------------------
 
@@ -265,10 +272,13 @@ class Episode:
         """Run turns; None when the agent submitted (or gave up on format), else the cap hit."""
         c = self.counters
         format_errors = 0
+        self._agent_deadline = time.monotonic() + self.spec.task.agent_timeout_s
         while True:
             budget = next_call_budget(self.spec.limits, c.turns, c.generated, len(c.context))
             if budget.stop is not None:
                 return budget.stop
+            if self._agent_time_left() <= 0:
+                return Outcome.TRUNCATED_TIME
             try:
                 generation = await self._generate(budget)
             except _TruncatedByEngine as refused:
@@ -344,7 +354,7 @@ class Episode:
         """Run the action's command (if any); True when the agent submits."""
         if not action.command:
             return action.submits
-        timeout = self.services.command_timeout_s
+        timeout = max(min(self.services.command_timeout_s, self._agent_time_left()), MIN_COMMAND_TIMEOUT_S)
         t0 = time.monotonic()
         shell = f"{self.services.agent.shell} -c {shlex.quote(action.command)}"
         result = await box.exec(shell, timeout=timeout)
@@ -363,6 +373,9 @@ class Episode:
             return True
         self._observe(generation, shown.text)
         return False
+
+    def _agent_time_left(self) -> float:
+        return self._agent_deadline - time.monotonic()
 
     # ---- events -------------------------------------------------------------------
 

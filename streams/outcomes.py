@@ -12,6 +12,7 @@ class Outcome(StrEnum):
     TRUNCATED_TOKENS = "truncated:tokens"
     TRUNCATED_CONTEXT = "truncated:context"
     TRUNCATED_DEADLINE = "truncated:deadline"
+    TRUNCATED_TIME = "truncated:time"  # the task's agent time budget (`[agent] timeout_sec`) ran out
     INFRA_SANDBOX_START = "infra_error:sandbox_start"
     INFRA_SANDBOX_LOST = "infra_error:sandbox_lost"
     INFRA_ENGINE = "infra_error:engine"

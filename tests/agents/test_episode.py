@@ -70,11 +70,13 @@ def make_episode(
     reward: float = 1.0,
     latency: SimulatedLatency = FAST,
     delay_s: float = 0.0,
+    agent_timeout_s: float = 1800.0,
 ) -> tuple[Episode, Collected]:
     async def verifier(box: Sandbox, task: Task) -> Verdict:
         return Verdict(reward, {"test_fix": reward >= 1.0}, {"test_other": True}, 0.01)
 
-    task = Task("task-1", Path("/nonexistent"), "Fix the bug.", None, TaskMetadata(("test_fix",)))
+    task = Task("task-1", Path("/nonexistent"), "Fix the bug.", None, TaskMetadata(("test_fix",)),
+                agent_timeout_s=agent_timeout_s)  # fmt: skip
     services = EpisodeServices(
         policy=ScriptedPolicy(chat, replies, weight_version=3, delay_s=delay_s),
         sandboxes=DirectSandboxes(SimulatedSandboxFactory(latency)),
@@ -123,6 +125,14 @@ async def test_never_submitting_ends_at_the_turn_cap(chat: ChatFormat) -> None:
     finished = await episode.run()
     assert finished.outcome == Outcome.TRUNCATED_TURNS and finished.turns == 5
     assert "tests.ran" in sink.types() and finished.reward == 1.0  # the verifier still scores it
+    check_events(sink)
+
+
+async def test_agent_time_budget_ends_the_turns_and_the_verifier_still_scores(chat: ChatFormat) -> None:
+    episode, sink = make_episode(chat, [bash("ls")], delay_s=0.1, agent_timeout_s=0.35)
+    finished = await episode.run()
+    assert finished.outcome == Outcome.TRUNCATED_TIME and 2 <= finished.turns <= 5
+    assert "tests.ran" in sink.types() and finished.reward == 1.0
     check_events(sink)
 
 
