@@ -13,8 +13,9 @@ Contract:
   (`timeout -s KILL`, which kills the command's whole process group) plus a host-side
   deadline `exec_grace_s` later, past which the sandbox counts as not answering.
   Processes a command leaves running after it exits (`cmd &` with its output
-  redirected) are kept, as with `docker exec`; on timeout its process group dies,
-  and only children that called `setsid` escape that.
+  redirected) are kept, as with `docker exec`. On a timeout every process in the
+  container but its init dies (`kill -9 -1`), `setsid` children included, as with
+  the bwrap backend: nothing the agent started can keep running into the verifier.
   Output is kept up to `output_limit_bytes` (head and tail of each stream); the rest
   is read, counted and dropped.
 - Images missing on the engine are pulled when `pull_missing`; every pull is counted
@@ -277,7 +278,26 @@ class DockerSandbox:
             raise await self._lost(error) from None
         duration = time.monotonic() - began
         self.timings.execs.append(duration)
-        return exec_result(code, output, duration, limit)
+        result = exec_result(code, output, duration, limit)
+        if result.timed_out:
+            await self._kill_all_but_init(api)
+        return result
+
+    async def _kill_all_but_init(self, api: DockerApi) -> None:
+        """SIGKILL every process in the container except its init (and the killing shell)."""
+        argv = ["sh", "-c", "kill -9 -1 2>/dev/null; true"]
+        grace = self._docker.exec_grace_s
+        try:
+            async with asyncio.timeout(grace):
+                await api.exec_run(self.container_id, argv, env=[], workdir="/", output=OutputCollector(1024),
+                                   timeout_s=grace)  # fmt: skip
+        except TimeoutError as error:
+            raise SandboxTimeoutError(
+                f"sandbox {self.id} did not answer within {grace:.0f}s while killing a timed-out command",
+                backend=BACKEND,
+            ) from error
+        except (DockerApiError, DockerUnreachableError) as error:
+            raise await self._lost(error) from None
 
     async def upload(self, local: Path, remote: str) -> None:
         api = self._require_running()

@@ -41,7 +41,7 @@ async def test_exec_results_env_cwd_and_workspace(box: DockerSandbox) -> None:
 
 
 async def test_timeout_kills_the_whole_process_tree(box: DockerSandbox) -> None:
-    result = await box.exec("sleep 997 & sleep 998 & sleep 999", timeout=2)
+    result = await box.exec("sleep 996 & setsid sleep 997 & sleep 998 & sleep 999", timeout=2)
     assert result.timed_out and result.killed_reason == "timeout"
     assert result.exit_code in (124, 137)
     survivors = await box.exec(PROCESS_LIST)
