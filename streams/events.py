@@ -74,6 +74,7 @@ ROLLOUT_EVENT_TYPES = (
     "trajectory.finished",
 )
 TYPE_OF: dict[type[Payload], str] = {cls: name for name, cls in PAYLOADS.items()}
+CURRENT_VERSIONS: dict[str, int] = {kind: payload.SCHEMA_VERSION for kind, payload in PAYLOADS.items()}
 
 # (type, version written) -> function turning that version's `data` dict into the next version's.
 UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
@@ -120,6 +121,13 @@ class Event(BaseModel):
         """The Kafka key: the group for rollout events, so a group stays on one partition;
         otherwise the run (compacted `weights` keeps the latest record per run)."""
         return (self.group_id or self.run_id).encode()
+
+
+# `Event`'s fields but `type` and `data`, as `create_model` takes them (annotation, FieldInfo):
+# the per-type envelope models of `streams.fast_decode` and `streams.store.wire` are built with them.
+ENVELOPE_FIELD_DEFS: dict[str, Any] = {
+    name: (info.annotation, info) for name, info in Event.model_fields.items() if name not in ("type", "data")
+}
 
 
 def make_event(

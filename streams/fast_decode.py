@@ -13,23 +13,20 @@ the reference behaviour.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError, create_model
 
-from streams.events import PAYLOADS, Event, decode_event
+from streams.events import CURRENT_VERSIONS, ENVELOPE_FIELD_DEFS, PAYLOADS, Event, decode_event
 from streams.payloads import Payload
 
 M = TypeVar("M", bound=BaseModel)
-_ENVELOPE_FIELDS: dict[str, Any] = {
-    name: (info.annotation, info) for name, info in Event.model_fields.items() if name not in ("type", "data")
-}
 
 
 def _envelope(kind: str, payload: type[Payload]) -> type[BaseModel]:
     """The envelope of one type; fields in `Event`'s order, so its `__dict__` can become an Event's."""
     own = {"type": (Literal[kind], ...), "data": (payload, ...)}
-    fields = {name: own.get(name) or _ENVELOPE_FIELDS[name] for name in Event.model_fields}
+    fields = {name: own.get(name) or ENVELOPE_FIELD_DEFS[name] for name in Event.model_fields}
     return create_model(  # type: ignore[call-overload, no-any-return]
         "Envelope_" + kind.replace(".", "_"), __config__=Event.model_config, **fields
     )
@@ -39,7 +36,6 @@ _ENVELOPE_OF: dict[bytes, type[BaseModel]] = {
     kind.encode(): _envelope(kind, payload) for kind, payload in PAYLOADS.items()
 }
 TYPE_FIELD = b'"type":"'
-_CURRENT = {kind: payload.SCHEMA_VERSION for kind, payload in PAYLOADS.items()}
 
 
 def decode_event_fast(value: bytes | str) -> Event:
@@ -52,9 +48,9 @@ def decode_event_fast(value: bytes | str) -> Event:
         envelope = envelope_model.model_validate_json(raw)
     except ValidationError:
         return decode_event(value)  # the reference path names the error (or upcasts)
-    if envelope.schema_version != _CURRENT[envelope.type]:
+    if envelope.schema_version != CURRENT_VERSIONS[envelope.type]:
         return decode_event(value)
-    return _as_event(envelope)
+    return _rebuilt(Event, envelope)  # the envelope is not used again: its __dict__ moves over
 
 
 def _type_name(raw: bytes) -> bytes:
@@ -68,14 +64,9 @@ def _type_name(raw: bytes) -> bytes:
     return raw[start : raw.find(b'"', start)]
 
 
-def _as_event(envelope: BaseModel) -> Event:
-    """The validated envelope's fields as an `Event`, without validating them again
-    (what `Event.model_construct` does, minus its per-field Python loop)."""
-    return _rebuilt(Event, envelope)  # the envelope is not used again: its __dict__ moves over
-
-
 def _rebuilt(cls: type[M], source: BaseModel) -> M:
-    """An instance of `cls` holding `source`'s validated values (same field order)."""
+    """An instance of `cls` holding `source`'s validated values (same field order), without
+    validating them again (what `cls.model_construct` does, minus its per-field Python loop)."""
     instance = cls.__new__(cls)
     object.__setattr__(instance, "__dict__", source.__dict__)
     object.__setattr__(instance, "__pydantic_fields_set__", source.__pydantic_fields_set__)

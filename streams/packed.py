@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import pybase64
 from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
@@ -27,19 +27,29 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, core_schema
 
 _LITTLE = sys.byteorder == "little"
-_ITEMS = {"i": "int32", "b": "int8", "d": "float64"}
-_ITEMSIZES = {"i": 4, "b": 1, "d": 8}
+
+
+class _Item(NamedTuple):
+    name: str  # what the items are
+    size: int  # bytes per item
+    json_type: str  # JSON Schema type of an item in the list form
+
+
+_ITEM = {
+    "i": _Item("int32", 4, "integer"),
+    "b": _Item("int8", 1, "integer"),
+    "d": _Item("float64", 8, "number"),
+}
 
 
 class PackedArray:
     """Pydantic metadata of an array field: `typecode` items ('i', 'b' or 'd')."""
 
-    def __init__(self, typecode: str, item_schema: str, description: str) -> None:
-        if array(typecode).itemsize != _ITEMSIZES[typecode]:
-            raise AssertionError(f"array typecode {typecode!r} is not {_ITEMS[typecode]} on this platform")
+    def __init__(self, typecode: str, description: str) -> None:
+        item = _ITEM[typecode]
+        if array(typecode).itemsize != item.size:
+            raise AssertionError(f"array typecode {typecode!r} is not {item.name} on this platform")
         self.typecode = typecode
-        self.itemsize = _ITEMSIZES[typecode]
-        self._item_schema = item_schema
         self._description = description
 
     def validate(self, value: Any) -> array[Any]:
@@ -50,7 +60,7 @@ class PackedArray:
             try:
                 return array(self.typecode, value)
             except (TypeError, OverflowError) as error:
-                raise ValueError(f"array items must be {_ITEMS[self.typecode]} values: {error}") from None
+                raise ValueError(f"array items must be {_ITEM[self.typecode].name} values: {error}") from None
         raise ValueError(f"expected a list of numbers or a base64 string, got {type(value).__name__}")
 
     def serialize(self, value: Any) -> str:
@@ -67,7 +77,7 @@ class PackedArray:
     def __get_pydantic_json_schema__(self, core: CoreSchema, _: GetJsonSchemaHandler) -> JsonSchemaValue:
         return {
             "anyOf": [
-                {"type": "array", "items": {"type": self._item_schema}},
+                {"type": "array", "items": {"type": _ITEM[self.typecode].json_type}},
                 {"type": "string", "contentEncoding": "base64", "description": self._description},
             ]
         }
@@ -84,16 +94,22 @@ def pack(values: Any, typecode: str) -> str:
 
 def unpack(value: str, typecode: str) -> array[Any]:
     """The array behind a packed string; `ValueError` when it is not base64 of whole items."""
+    items = array(typecode, packed_bytes(value, typecode))
+    if not _LITTLE:
+        items.byteswap()
+    return items
+
+
+def packed_bytes(value: str, typecode: str) -> bytes:
+    """The little-endian bytes of a packed string; `ValueError` when it is not base64 of whole items."""
     try:
         raw = pybase64.b64decode(value, validate=True)
     except ValueError as error:
         raise ValueError(f"packed array is not valid base64: {error}") from None
-    if len(raw) % _ITEMSIZES[typecode]:
-        raise ValueError(f"packed array has {len(raw)} bytes, not a multiple of {_ITEMSIZES[typecode]}")
-    items = array(typecode, raw)
-    if not _LITTLE:
-        items.byteswap()
-    return items
+    size = _ITEM[typecode].size
+    if len(raw) % size:
+        raise ValueError(f"packed array has {len(raw)} bytes, not a multiple of {size}")
+    return raw
 
 
 def empty(typecode: str) -> Callable[[], array[Any]]:
@@ -101,9 +117,9 @@ def empty(typecode: str) -> Callable[[], array[Any]]:
     return lambda: array(typecode)
 
 
-TOKEN_IDS = PackedArray("i", "integer", "little-endian int32 token ids")
-LOSS_MASK = PackedArray("b", "integer", "little-endian int8 loss mask (0 or 1)")
-LOGPROBS = PackedArray("d", "number", "little-endian float64 logprobs")
+TOKEN_IDS = PackedArray("i", "little-endian int32 token ids")
+LOSS_MASK = PackedArray("b", "little-endian int8 loss mask (0 or 1)")
+LOGPROBS = PackedArray("d", "little-endian float64 logprobs")
 
 # `array` is not subscriptable before Python 3.12; the typecode says what the items are.
 TokenIds = Annotated[array, TOKEN_IDS]

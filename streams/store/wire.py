@@ -5,22 +5,20 @@ The sink must validate every record (a record that is not a valid event goes to
 keeps them packed (base64, `streams.packed`) and the projections need only their
 lengths and a minimum. So each payload model gets a wire twin (`WIRE_PAYLOADS`)
 whose packed-array fields are the base64 text, checked (valid base64, whole items)
-but not unpacked; JSON lists (hand-written records) are validated as the model
-would and packed. Everything else — every other field, constraint and nested
-model — is the payload model's own. Validation runs in pydantic-core straight
-from the record's bytes.
+but not unpacked; JSON lists (hand-written records) are validated by the field's
+own `PackedArray`, as the model would, and packed. Everything else — every other
+field, constraint and nested model — is the payload model's own. Validation runs
+in pydantic-core straight from the record's bytes.
 
 Records under an older schema version, and records that fail here, go through
 `streams.events.decode_event`, so upcasting and the error message are the
-reference behaviour; `decode_wire` raises `DecodeError` exactly when it does.
+reference behaviour; `decode_record` raises `DecodeError` exactly when it does.
 """
 
 from __future__ import annotations
 
-from array import array
 from typing import Annotated, Any, Literal, Union
 
-import pybase64
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -31,32 +29,20 @@ from pydantic import (
     create_model,
 )
 
-from streams.events import PAYLOADS, Event, decode_event, encode_event
-from streams.packed import pack, packed_array_of, unpack
-
-_ELEMENT = {"i": int, "b": int, "d": float}  # array typecode -> the JSON list's item type
+from streams.events import CURRENT_VERSIONS, ENVELOPE_FIELD_DEFS, PAYLOADS, Event, decode_event, encode_event
+from streams.packed import PackedArray, pack, packed_array_of, packed_bytes, unpack
 
 
-def _packed_type(typecode: str, element: type) -> Any:
-    """Base64 text of `typecode` items; a JSON list is validated as `list[element]` and packed."""
-    items: TypeAdapter[list[Any]] = TypeAdapter(list[element])  # type: ignore[valid-type]
-    itemsize = array(typecode).itemsize
+def _packed_type(packed: PackedArray) -> Any:
+    """Base64 text of `packed`'s items; a JSON list is validated as `packed` does and packed."""
 
     def pack_list(value: Any) -> Any:
         if not isinstance(value, list):
             return value
-        try:
-            return pack(items.validate_python(value), typecode)
-        except OverflowError:
-            raise ValueError(f"array items do not fit {itemsize}-byte '{typecode}' values") from None
+        return pack(packed.validate(value), packed.typecode)
 
     def check(value: str) -> str:
-        try:
-            size = len(pybase64.b64decode(value, validate=True))
-        except ValueError as error:
-            raise ValueError(f"packed array is not valid base64: {error}") from None
-        if size % itemsize:
-            raise ValueError(f"packed array has {size} bytes, not a multiple of {itemsize}")
+        packed_bytes(value, packed.typecode)  # raises ValueError unless base64 of whole items
         return value
 
     return Annotated[str, BeforeValidator(pack_list), AfterValidator(check)]
@@ -69,7 +55,7 @@ def _wire_payload(model: type[BaseModel]) -> type[BaseModel]:
         if packed is not None:
             default = "" if info.default_factory is not None else ...
             overrides[name] = (
-                _packed_type(packed.typecode, _ELEMENT[packed.typecode]),
+                _packed_type(packed),
                 Field(default=default, description=info.description),
             )
     if not overrides:
@@ -78,9 +64,6 @@ def _wire_payload(model: type[BaseModel]) -> type[BaseModel]:
 
 
 WIRE_PAYLOADS: dict[str, type[BaseModel]] = {kind: _wire_payload(model) for kind, model in PAYLOADS.items()}
-_ENVELOPE_FIELDS: dict[str, Any] = {
-    name: (info.annotation, info) for name, info in Event.model_fields.items() if name not in ("type", "data")
-}
 
 
 class WireEvent(BaseModel):
@@ -108,7 +91,7 @@ def _envelope(kind: str, payload: type[BaseModel]) -> type[WireEvent]:
         __base__=WireEvent,
         type=(Literal[kind], ...),
         data=(payload, ...),
-        **_ENVELOPE_FIELDS,
+        **ENVELOPE_FIELD_DEFS,
     )
 
 
@@ -118,14 +101,8 @@ _ANY_WIRE_EVENT: TypeAdapter[Any] = TypeAdapter(
         Field(discriminator="type"),
     ]
 )
-_CURRENT = {kind: payload.SCHEMA_VERSION for kind, payload in PAYLOADS.items()}
 _HAS_PACKED_ARRAYS = frozenset(kind for kind, wire in WIRE_PAYLOADS.items() if wire is not PAYLOADS[kind])
 _DATA_KEY = b',"data":{'  # only the envelope's `data` holds an object, so this is the top-level key
-
-
-def decode_wire(value: bytes | str) -> WireEvent:
-    """A record as a `WireEvent`; raises `streams.events.DecodeError` when `decode_event` would."""
-    return decode_record(value if isinstance(value, bytes) else value.encode())[0]
 
 
 def decode_record(value: bytes) -> tuple[WireEvent, str]:
@@ -135,7 +112,7 @@ def decode_record(value: bytes) -> tuple[WireEvent, str]:
     except ValidationError:
         event = to_wire(decode_event(value))  # names the error, or upcasts an older version
         return event, event.data.model_dump_json()
-    if event.schema_version != _CURRENT[event.type]:
+    if event.schema_version != CURRENT_VERSIONS[event.type]:
         event = to_wire(decode_event(value))
         return event, event.data.model_dump_json()
     return event, _data_text(value, event)

@@ -66,6 +66,8 @@ def test_list_arrays_are_validated_and_stored_packed() -> None:
     [
         lambda r: r["data"].__setitem__("output_token_ids", "not base64!"),
         lambda r: r["data"].__setitem__("output_token_ids", "AAA="),  # 2 bytes: not whole int32 items
+        lambda r: r["data"].__setitem__("output_token_ids", [1.0]),  # a float is not an int32 item
+        lambda r: r["data"].__setitem__("output_logprobs", ["-0.5"]),  # a string is not a float64 item
         lambda r: r["data"].__setitem__("turn", 0),  # violates ge=1
         lambda r: r["data"].pop("engine_id"),
         lambda r: r.__setitem__("extra", 1),
