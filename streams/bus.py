@@ -34,9 +34,11 @@ __all__ = [
     "Consumed",
     "EventConsumer",
     "EventProducer",
+    "behind",
     "collector_paused",
     "dead_letter",
     "dead_letter_event",
+    "raw_consumer",
     "read_topic",
 ]
 
@@ -70,7 +72,7 @@ class EventConsumer:
         self._short = {topic_name(topics, short): short for short in shorts}
         self._group_id = group_id
         self.name = name
-        self.consumer = _raw_consumer(kafka, self._names, group_id, name, from_beginning)
+        self.consumer = raw_consumer(kafka, self._names, group_id, name, from_beginning)
         self._positions: dict[TopicPartition, int] = {}
         self._deadletters: EventProducer | None = None
         self.dead_lettered = 0
@@ -192,9 +194,11 @@ def _run_id_of(value: bytes) -> str:
     return run_id if isinstance(run_id, str) else ""
 
 
-def _raw_consumer(
+def raw_consumer(
     kafka: KafkaSettings, names: Sequence[str], group_id: str | None, name: str, from_beginning: bool
 ) -> AIOKafkaConsumer:
+    """An aiokafka consumer of full topic `names` (none: assign by hand), client `<client_id>-<name>`,
+    auto commit off; a missing or out-of-range offset resets to the earliest (`from_beginning`) or latest."""
     return AIOKafkaConsumer(
         *names,
         bootstrap_servers=kafka.bootstrap,
@@ -216,7 +220,7 @@ async def read_topic(
     Stops when every partition reached that end, or when nothing arrived for `idle_s`.
     Undecodable records are skipped (the live consumers dead-letter them)."""
     name = topic_name(topics, short)
-    consumer = _raw_consumer(kafka, [], None, f"read-{short}", True)
+    consumer = raw_consumer(kafka, [], None, f"read-{short}", True)
     await consumer.start()
     try:
         partitions = consumer.partitions_for_topic(name) or await _partitions(consumer, name)
@@ -226,7 +230,7 @@ async def read_topic(
         ends = await consumer.end_offsets(tps)
         out: list[Consumed] = []
         last_progress = time.monotonic()
-        while await _behind(consumer, ends):
+        while await behind(consumer, ends):
             fetched = await consumer.getmany(*tps, timeout_ms=int(idle_s * 1000), max_records=10_000)
             if any(fetched.values()):
                 last_progress = time.monotonic()
@@ -249,7 +253,7 @@ def _decoded(records: list[ConsumerRecord[bytes, bytes]], short: str) -> list[Co
     return out
 
 
-async def _behind(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> bool:
+async def behind(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> bool:
     """True while some partition has not reached its end offset."""
     for tp, end in ends.items():
         if await consumer.position(tp) < end:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from sqlalchemy import Engine
 
-from streams.bus import EventProducer, collector_paused, dead_letter_event
+from streams.bus import EventProducer, behind, collector_paused, dead_letter_event, raw_consumer
 from streams.events import DecodeError
 from streams.settings import KafkaSettings, StoreSettings, TopicSettings
 from streams.store import StoredEvent, load_offsets, write_batch
@@ -162,7 +162,10 @@ class Sink:
 
     async def run(self, until_idle_s: float | None = None) -> SinkProgress:
         """Sink until `stop()`, or until caught up with nothing new for `until_idle_s` seconds."""
-        consumer = self._new_consumer()  # here, not in __init__: aiokafka needs the running loop
+        # Here, not in __init__: aiokafka needs the running loop. No group: partitions are assigned
+        # by hand, positions come from the database; the earliest offset is used only when a stored
+        # offset fell out of retention.
+        consumer = raw_consumer(self.kafka, [], None, "sink", from_beginning=True)
         await consumer.start()
         try:
             partitions = await self._assign_from_store(consumer)
@@ -172,19 +175,6 @@ class Sink:
         finally:
             await consumer.stop()
         return self.totals
-
-    def _new_consumer(self) -> AIOKafkaConsumer:
-        kafka = self.kafka
-        return AIOKafkaConsumer(
-            bootstrap_servers=kafka.bootstrap,
-            client_id=f"{kafka.client_id}-sink",
-            group_id=None,  # no group: partitions are assigned by hand, positions come from the database
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",  # only when a stored offset fell out of retention
-            max_partition_fetch_bytes=kafka.max_partition_fetch_bytes,
-            fetch_max_bytes=kafka.fetch_max_bytes,
-            request_timeout_ms=kafka.request_timeout_ms,
-        )
 
     async def _assign_from_store(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         partitions = await sink_partitions(self.kafka, self.topics, self.store)
@@ -266,8 +256,4 @@ class Sink:
 
     async def _caught_up(self, consumer: AIOKafkaConsumer, partitions: list[TopicPartition]) -> bool:
         """Every partition's position has reached its end offset (nothing left to read)."""
-        ends = await consumer.end_offsets(partitions)
-        for tp in partitions:
-            if await consumer.position(tp) < ends[tp]:
-                return False
-        return True
+        return not await behind(consumer, await consumer.end_offsets(partitions))

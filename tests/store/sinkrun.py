@@ -14,15 +14,14 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 from sqlalchemy import Engine, inspect, text
 
 from rollstream.config import Config
 from streams.bus import EventProducer
-from streams.events import Event, decode_event
+from streams.events import Event
 from streams.sink import sink_partitions
 from streams.store import StoreError, open_readonly
-from streams.topics import topic_name
 from tests.store.eventgen import short_topic
 
 SINK_MAIN = "import typer; from rollstream.commands.sink import command; typer.run(command)"
@@ -57,31 +56,6 @@ def topic_ends(config: Config) -> dict[tuple[str, int], int]:
         return {(tp.topic, tp.partition): offset for tp, offset in found.items()}
 
     return asyncio.run(ends())
-
-
-def read_dead_letters(config: Config) -> list[Event]:
-    """Every event on the `deadletter` topic, from offset 0 to its current end."""
-
-    async def read() -> list[Event]:
-        name = topic_name(config.topics, "deadletter")
-        tps = [TopicPartition(name, p) for p in range(config.topics.deadletter_partitions)]
-        consumer = AIOKafkaConsumer(bootstrap_servers=config.kafka.bootstrap, group_id=None)
-        await consumer.start()
-        try:
-            consumer.assign(tps)
-            for tp in tps:
-                consumer.seek(tp, 0)
-            remaining = sum((await consumer.end_offsets(tps)).values())
-            values: list[Event] = []
-            deadline = time.monotonic() + 120
-            while len(values) < remaining and time.monotonic() < deadline:
-                for records in (await consumer.getmany(timeout_ms=500)).values():
-                    values.extend(decode_event(record.value or b"") for record in records)
-            return values
-        finally:
-            await consumer.stop()
-
-    return asyncio.run(read())
 
 
 def config_args(config: Config) -> list[str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rollstream.config import Config
+from streams.bus import read_topic
 from streams.sink import Sink, SinkError
 from streams.store import open_readonly, open_store
 from streams.store.writer import store_offsets
@@ -22,7 +23,6 @@ from tests.store.sinkrun import (
     checked_count,
     offsets_match_rows,
     produce,
-    read_dead_letters,
     run_sink_until_idle,
     start_sink,
     stored_offsets,
@@ -54,7 +54,8 @@ def test_sink_stores_every_event_and_dead_letters_bad_records(
     # Bad records are skipped but their offsets are covered: the stored offsets are the topic ends.
     assert stored_offsets(engine) == {where: end for where, end in topic_ends(config).items() if end}
     engine.dispose()
-    letters = read_dead_letters(config)
+    consumed = asyncio.run(read_topic(config.kafka, config.topics, "deadletter", idle_s=120))
+    letters = [item.event for item in consumed]
     assert sorted(letter.data.value_b64 for letter in letters) == sorted(  # type: ignore[attr-defined]
         base64.b64encode(value).decode() for _, value in BAD_RECORDS
     )
