@@ -13,12 +13,11 @@ from rich.table import Table
 from sqlalchemy import create_engine, text
 
 from rollstream.commands.common import console
-from rollstream.commands.replay import policies
-from rollstream.commands.tail import figure_rows
+from rollstream.commands.tail import figure_rows, figures_table
 from rollstream.config import Config
 from rollstream.report import write_report
 from streams.events import Event
-from streams.replay import RecordedRun, load_from_topics, replay
+from streams.replay import RecordedRun, by_trajectory, fold_episodes, load_from_topics
 from streams.tail import tail_figures
 
 OUTCOME_SQL = text(
@@ -30,8 +29,7 @@ OUTCOME_SQL = text(
 def summarise_run(cfg: Config, run_id: str, out: Path) -> Path:
     """Print the run's tables and write its report into `out`; returns the HTML path."""
     recorded = asyncio.run(load_from_topics(cfg.kafka, cfg.topics, run_id))
-    _, policy = policies(cfg, recorded, [])
-    figures = tail_figures(replay(recorded, policy).folded)
+    figures = tail_figures(fold_episodes(by_trajectory(recorded.events).values()))
     tables: dict[str, Mapping[str, object]] = {
         "Tail figures": dict(figure_rows(figures)),
         "Outcomes": outcome_counts(recorded.events),
@@ -39,7 +37,7 @@ def summarise_run(cfg: Config, run_id: str, out: Path) -> Path:
         "Sandboxes": sandbox_figures(recorded.events),
     }
     for title, rows in tables.items():
-        console.print(_rich_table(title, rows))
+        console.print(figures_table(title, rows.items()))
     console.print(sql_summary(cfg.db_url, run_id))
     page = write_report(out, run_id, recorded.events, tables)
     console.print(f"report: [bold]{page}[/] (timeline.png, outcomes.png, turns.png)")
@@ -90,12 +88,3 @@ def sql_summary(url: str, run_id: str) -> Table:
 
 def _fmt(value: object) -> str:
     return "-" if value is None else f"{float(value):.2f}"  # type: ignore[arg-type]
-
-
-def _rich_table(title: str, rows: Mapping[str, object]) -> Table:
-    table = Table(title=title)
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    for name, value in rows.items():
-        table.add_row(name, str(value))
-    return table

@@ -6,6 +6,12 @@ so replay does not depend on the store's code). Either gives a `RecordedRun`:
 the run's rollout events, its weight versions, and what the stream workers
 wrote (`trajectories`, `groups`) where the source has them.
 
+`by_trajectory(events)` groups the events per trajectory, dropping only exact
+copies (same id and source): a re-run after its rollout worker was killed writes
+the same ids as the killed run's partial copy, and both are kept so that
+`fold_trajectory` and the processor pick the finishing run's, as a live worker does.
+`fold_episodes(episodes)` folds the complete ones (no policy involved).
+
 `replay(run, policy, cut)` feeds the events to a fresh `StreamProcessor`
 (optionally cutting episodes to stricter length limits first, for what-if),
 observes every weight version, forms the groups still open at the end of the
@@ -19,13 +25,13 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import create_engine, text
 
-from streams.assemble import MalformedTrajectory, Trajectory, fold_trajectory
+from streams.assemble import MalformedTrajectory, Trajectory, dedupe_by_seq, fold_trajectory
 from streams.bus import read_topic
 from streams.events import DecodeError, Event, event_from_dict
 from streams.payloads import Limits
@@ -69,10 +75,7 @@ async def load_from_topics(kafka: KafkaSettings, topics: TopicSettings, run_id: 
     return run
 
 
-EVENT_COLUMNS = (
-    "id, type, schema_version, run_id, group_id, trajectory_id, task_id, seq, policy_version, "
-    "time_ns, source, causation_id, data"
-)
+EVENT_COLUMNS = ", ".join((*Event.ENVELOPE_FIELDS, "data"))
 
 
 def load_from_db(url: str, run_id: str) -> RecordedRun:
@@ -112,11 +115,25 @@ def _event_of(row: Any) -> Event:
 
 
 def by_trajectory(events: Sequence[Event]) -> dict[str, list[Event]]:
-    """Each trajectory's events, first copy of each id, in seq order."""
-    grouped: dict[str, dict[Any, Event]] = defaultdict(dict)
+    """Each trajectory's events in seq order, one of each (id, source): copies of an id written
+    by another run (a re-run after a killed worker) are kept for `fold_trajectory` to choose."""
+    grouped: dict[str, dict[tuple[Any, str], Event]] = defaultdict(dict)
     for event in events:
-        grouped[event.trajectory_id or ""].setdefault(event.id, event)
+        grouped[event.trajectory_id or ""].setdefault((event.id, event.source), event)
     return {t: sorted(evs.values(), key=lambda e: e.seq) for t, evs in grouped.items()}
+
+
+def fold_episodes(episodes: Iterable[Sequence[Event]]) -> list[Trajectory]:
+    """The complete trajectories of these episodes (malformed and unfinished ones left out)."""
+    folded = []
+    for events in episodes:
+        try:
+            trajectory = fold_trajectory(events)
+        except MalformedTrajectory:
+            continue
+        if isinstance(trajectory, Trajectory):
+            folded.append(trajectory)
+    return folded
 
 
 def replay(run: RecordedRun, policy: PolicySettings, cut: Limits | None = None) -> Replayed:
@@ -130,27 +147,22 @@ def replay(run: RecordedRun, policy: PolicySettings, cut: Limits | None = None) 
     stream = sorted((e for evs in episodes.values() for e in evs), key=lambda e: (e.time_ns, e.seq))
     outputs = [o for e in stream for o in processor.feed(e)] + processor.finish_all()
     emitted = [o for o in outputs if isinstance(o, Emit)]
-    folded = []
-    for events in episodes.values():
-        try:
-            trajectory = fold_trajectory(events)
-        except MalformedTrajectory:
-            continue
-        if isinstance(trajectory, Trajectory):
-            folded.append(trajectory)
     return Replayed(
         trajectories=[o.event for o in emitted if o.topic == "trajectories"],
         groups=[o.event for o in emitted if o.topic == "groups"],
-        folded=folded,
+        folded=fold_episodes(episodes.values()),
     )
 
 
 def _cut(events: list[Event], limits: Limits) -> list[Event]:
+    """A complete episode cut to `limits`, from the copy that folds (`dedupe_by_seq`); others as they are."""
     try:
         complete = isinstance(fold_trajectory(events), Trajectory)
     except MalformedTrajectory:
         return events
-    return truncate_events(events, limits) if complete else events
+    if not complete:
+        return events
+    return truncate_events(sorted(dedupe_by_seq(events).values(), key=lambda e: e.seq), limits)
 
 
 def compare(recorded: Sequence[Event], replayed: Sequence[Event], label: str) -> list[str]:

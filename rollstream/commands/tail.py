@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import typer
 from rich.table import Table
 
 from rollstream.commands.common import ConfigPath, Overrides, console, read_config
-from rollstream.commands.replay import load_run, policies
-from streams.replay import replay
+from rollstream.commands.replay import load_run
+from streams.replay import by_trajectory, fold_episodes
 from streams.tail import TailFigures, tail_figures
 
 
@@ -30,6 +32,16 @@ def figure_rows(figures: TailFigures) -> list[tuple[str, str]]:
     ]
 
 
+def figures_table(title: str, rows: Iterable[tuple[str, object]]) -> Table:
+    """A two-column (figure, value) table; the tail command's and the run summary's."""
+    table = Table(title=title)
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for name, value in rows:
+        table.add_row(name, str(value))
+    return table
+
+
 def command(
     run: str = typer.Option(..., "--run", help="run id"),
     from_db: bool = typer.Option(False, "--from-db", help="read the SQL store's events table"),
@@ -39,11 +51,5 @@ def command(
     """Tail figures of a run: turn cap share, median resolved turns, wall time after 90%, slowest."""
     cfg = read_config(config, overrides)
     recorded = load_run(cfg, run, from_db)
-    _, policy = policies(cfg, recorded, overrides or [])
-    figures = tail_figures(replay(recorded, policy).folded)
-    table = Table(title=f"tail of run {run}")
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    for name, value in figure_rows(figures):
-        table.add_row(name, value)
-    console.print(table)
+    figures = tail_figures(fold_episodes(by_trajectory(recorded.events).values()))
+    console.print(figures_table(f"tail of run {run}", figure_rows(figures)))

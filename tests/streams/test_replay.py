@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from streams.assemble import Trajectory, fold_trajectory
 from streams.datasets import DatasetError, rl_rows, sft_rows, trajectory_rows, write_rows
 from streams.outcomes import Outcome
 from streams.payloads import Limits
@@ -13,7 +14,7 @@ from streams.policies import cut_limits, explicit_policy_keys, replay_policy, tr
 from streams.processor import Emit, StreamProcessor
 from streams.replay import RecordedRun, by_trajectory, compare, replay
 from streams.settings import PolicySettings
-from streams.synthetic import AttemptSpec, synthetic_run, trajectory_events, weights_event
+from streams.synthetic import AttemptSpec, group_events, synthetic_run, trajectory_events, weights_event
 from streams.tail import tail_figures, tail_share
 from streams.whatif import what_if
 
@@ -46,6 +47,40 @@ def test_replay_with_recorded_policy_reproduces_the_recorded_topics() -> None:
     assert compare(run.groups, result.groups, "groups") == []
     other = replay(run, policy.model_copy(update={"normalise_std": False}))
     assert any("advantages" in d for d in compare(run.groups, other.groups, "groups"))
+
+
+def test_replay_of_a_rerun_after_a_killed_worker_keeps_the_reruns_copy() -> None:
+    """As the live processor (test_processor.py): the killed run's partial copy, under the same ids
+    with other samples, is superseded by the re-run's; replay folds and emits the re-run's tokens."""
+    outcomes = [
+        (Outcome.RESOLVED, 1.0),
+        (Outcome.UNRESOLVED, 0.0),
+        (Outcome.RESOLVED, 1.0),
+        (Outcome.TRUNCATED_TURNS, 0.0),
+    ]
+    specs = [
+        AttemptSpec(a, 0, 2 + a, o, r, 0, group_size=4, start_s=a * 0.1) for a, (o, r) in enumerate(outcomes)
+    ]
+    killed = trajectory_events("run", "run/g0", AttemptSpec(0, 0, 6, Outcome.RESOLVED, 1.0, 0, group_size=4),
+                               source="rollout-dead")[:-2]  # fmt: skip
+    rerun = trajectory_events("run", "run/g0", specs[0], source="rollout-1")
+    others = [e for e in group_events("run", "run/g0", specs) if e.trajectory_id != rerun[0].trajectory_id]
+    events = killed + rerun + others
+    live = StreamProcessor(POLICY)
+    out = [o for e in events for o in live.feed(e) if isinstance(o, Emit)]
+    result = replay(RecordedRun("run", events), POLICY)
+    expected = fold_trajectory(killed + rerun)
+    assert isinstance(expected, Trajectory) and expected == fold_trajectory(rerun)
+    folded = {t.trajectory_id: t for t in result.folded}
+    assert folded[expected.trajectory_id] == expected
+    assert {e.id: e.data for e in result.trajectories} == {
+        o.event.id: o.event.data for o in out if o.topic == "trajectories"
+    }
+    assert [e.data for e in result.groups] == [o.event.data for o in out if o.topic == "groups"]
+    assert (len(result.trajectories), len(result.groups)) == (4, 1)
+    cut = Limits(max_turns=1)  # what-if cuts the re-run's copy, never a mix of the two
+    alone = replay(RecordedRun("run", rerun + others), POLICY, cut)
+    assert replay(RecordedRun("run", events), POLICY, cut).folded == alone.folded
 
 
 def test_explicit_keys_override_the_recorded_policy() -> None:
