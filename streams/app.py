@@ -53,7 +53,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
@@ -78,7 +78,6 @@ class WorkerStats:
     dead_letters: int = 0
     skipped_on_start: int = 0
     open_groups: int = 0
-    started_s: float = field(default_factory=time.monotonic)
 
 
 class StreamWorker:
@@ -98,7 +97,6 @@ class StreamWorker:
         self.clock_ns = clock_ns
         self.processor = StreamProcessor(policy, source=name, closed_memory=settings.closed_groups_memory)
         self.stats = WorkerStats()
-        self.ready = asyncio.Event()
         self._first_offset: dict[str, tuple[int, int]] = {}
         self._next_offset: dict[int, int] = {}
         self._owned: set[int] = set()  # partitions whose records are handled now
@@ -125,7 +123,6 @@ class StreamWorker:
             listener = _Rebalance(self, producer, consumer)
             consumer.consumer.subscribe(topics=[topic_name(self.topics, "rollout.events")], listener=listener)
             async with consumer:
-                self.ready.set()
                 await self._loop(stop, producer, consumer, weights)
                 async with self._lock:
                     await producer.flush()

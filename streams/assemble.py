@@ -23,6 +23,7 @@ worker can dead-letter one bad event without waiting for its trajectory.
 
 from __future__ import annotations
 
+import dataclasses
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -282,9 +283,7 @@ class _Turns:
             )
         elif isinstance(data, ToolExecuted) and self.records and self.records[-1].turn == data.turn:
             last = self.records[-1]
-            self.records[-1] = TurnRecord(
-                **{**last.__dict__, "command": data.command, "tool_output": data.output}
-            )
+            self.records[-1] = dataclasses.replace(last, command=data.command, tool_output=data.output)
 
 
 def _build(events: list[Event]) -> Trajectory:

@@ -62,10 +62,6 @@ class Rejected:
 Output = Emit | Rejected
 
 
-def trajectory_record_id(trajectory_id: str) -> uuid.UUID:
-    return event_id(f"trajectory:{trajectory_id}", 0)
-
-
 def group_record_id(group_id: str) -> uuid.UUID:
     return event_id(f"group:{group_id}", 0)
 
@@ -291,8 +287,8 @@ class StreamProcessor:
         data = GroupFormed(
             members=[t.trajectory_id for t in result.members],
             rewards=list(result.rewards),
-            advantages=list(result.advantages) if isinstance(result, Group) else [0.0] * len(result.members),
-            loss_masked=list(result.loss_masked) if isinstance(result, Group) else [],
+            advantages=list(result.advantages) if kept else [0.0] * len(result.members),
+            loss_masked=list(result.loss_masked) if kept else [],
             dropped=None if kept else result.reason,
             infra_errors=result.infra_errors,
             oldest_version=max(result.oldest_version, 0),
