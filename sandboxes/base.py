@@ -4,7 +4,7 @@ A command that fails is a result (`ExecResult` with its exit code); a sandbox th
 cannot start, dies or stops answering raises a `SandboxError` subclass whose
 `kind` is the infrastructure outcome (`sandbox_start`, `sandbox_lost`, `timeout`,
 `verifier`), so callers never mistake infrastructure for a wrong answer.
-Every lifecycle step reports its timing (`Timings`).
+Queueing, start and every exec report their timing (`Timings`).
 """
 
 from __future__ import annotations
@@ -44,15 +44,12 @@ class ExecResult:
 
 @dataclass
 class Timings:
-    """Seconds spent in each lifecycle step of one sandbox."""
+    """Seconds one sandbox spent queued, starting and in each exec; whether it came warm."""
 
     queued_s: float = 0.0
     start_s: float = 0.0
-    ready_at: float = 0.0
     execs: list[float] = field(default_factory=list)
-    stop_s: float = 0.0
     warm: bool = False  # handed out from the pool's warm sandboxes (started ahead of the request)
-    handoff_s: float = 0.0  # warm handoff: time to attach the workspace to the started sandbox
 
 
 class SandboxError(Exception):

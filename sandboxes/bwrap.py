@@ -73,6 +73,7 @@ from sandboxes.bwrap_process import Reaper
 from sandboxes.bwrap_results import copy_any, exec_result, raise_transfer_error
 from sandboxes.bwrap_uids import UidAllocator, UidsExhaustedError
 from sandboxes.settings import SandboxSettings
+from sandboxes.transfer import tar_path
 from sandboxes.workspace import (
     WorkspaceError,
     chown_tree,
@@ -178,7 +179,6 @@ class BwrapSandbox:
             await self.stop()
             raise
         self.timings.start_s = time.monotonic() - began
-        self.timings.ready_at = time.time()
 
     async def _start(self) -> None:
         try:
@@ -257,11 +257,9 @@ class BwrapSandbox:
         if host is not None:
             await asyncio.to_thread(self._copy_in, local, host)
             return
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as archive:
-            archive.add(local, arcname=PurePosixPath(remote).name)
+        data = await asyncio.to_thread(tar_path, local, PurePosixPath(remote).name)
         parent = str(PurePosixPath(self._inside_path(remote)).parent)
-        reply = await self._call({"op": "put", "path": parent, "tar": buffer.getvalue()}, self._io_timeout())
+        reply = await self._call({"op": "put", "path": parent, "tar": data}, self._io_timeout())
         raise_transfer_error(reply, f"upload {local} to {remote}")
 
     async def download(self, remote: str, local: Path) -> None:
@@ -278,7 +276,6 @@ class BwrapSandbox:
             await asyncio.to_thread(copy_any, entry, local)
 
     async def stop(self) -> None:
-        began = time.monotonic()
         process, self._process = self._process, None
         uid, self._uid = self._uid, None
         if self._reader is not None:
@@ -293,7 +290,6 @@ class BwrapSandbox:
         else:
             release()
         await self._factory.remove_dir(self._dir)
-        self.timings.stop_s = time.monotonic() - began
 
     async def _call(self, request: dict[str, object], wait_s: float) -> dict:
         if self._process is None or self._process.stdin is None:

@@ -14,6 +14,7 @@ import signal
 from pathlib import Path
 
 from sandboxes.base import ExecResult
+from sandboxes.output import PROCESS_MARKERS
 
 MEMORY_MARKERS = (
     b"MemoryError",
@@ -22,7 +23,6 @@ MEMORY_MARKERS = (
     b"bad_alloc",
     b"memory exhausted",
 )
-PROCESS_MARKERS = (b"fork: retry", b"Cannot fork", b"can't fork", b"Resource temporarily unavailable")
 
 
 def copy_any(source: Path, dest: Path) -> None:

@@ -287,8 +287,6 @@ def handle(request, uid, gid):
         return as_sandbox_user(put, request, uid, gid)
     if op == "get":
         return as_sandbox_user(get, request, uid, gid)
-    if op == "ping":
-        return {}
     raise ValueError(f"unknown op {op!r}")
 
 

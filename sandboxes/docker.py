@@ -229,7 +229,6 @@ class DockerSandbox:
                 f"container for {self.image} did not start: {error}{hint}", backend=BACKEND
             ) from None
         self.timings.start_s = time.monotonic() - began
-        self.timings.ready_at = time.time()
 
     async def attach_workspace(self, workspace: Path | None) -> None:
         """Give a sandbox started without a workspace (a warm one) its workspace now."""
@@ -258,24 +257,15 @@ class DockerSandbox:
         env_list = [f"{key}={value}" for key, value in (env or {}).items()]
         output = OutputCollector(self._limits.output_limit_bytes)
         began = time.monotonic()
-        try:
-            async with asyncio.timeout(limit + self._docker.exec_grace_s):
-                code = await api.exec_run(
-                    self.container_id,
-                    argv,
-                    env=env_list,
-                    workdir=cwd or self._docker.workdir,
-                    output=output,
-                    timeout_s=limit + self._docker.exec_grace_s,
-                )
-        except TimeoutError as error:
-            raise SandboxTimeoutError(
-                f"sandbox {self.id} did not answer within {limit + self._docker.exec_grace_s:.0f}s "
-                f"(command timeout {limit:.0f}s + exec_grace_s)",
-                backend=BACKEND,
-            ) from error
-        except (DockerApiError, DockerUnreachableError) as error:
-            raise await self._lost(error) from None
+        code = await self._exec_within(
+            api,
+            argv,
+            env=env_list,
+            workdir=cwd or self._docker.workdir,
+            output=output,
+            deadline_s=limit + self._docker.exec_grace_s,
+            doing=f"(command timeout {limit:.0f}s + exec_grace_s)",
+        )
         duration = time.monotonic() - began
         self.timings.execs.append(duration)
         result = exec_result(code, output, duration, limit)
@@ -286,15 +276,37 @@ class DockerSandbox:
     async def _kill_all_but_init(self, api: DockerApi) -> None:
         """SIGKILL every process in the container except its init (and the killing shell)."""
         argv = ["sh", "-c", "kill -9 -1 2>/dev/null; true"]
-        grace = self._docker.exec_grace_s
+        await self._exec_within(
+            api,
+            argv,
+            env=[],
+            workdir="/",
+            output=OutputCollector(1024),
+            deadline_s=self._docker.exec_grace_s,
+            doing="while killing a timed-out command",
+        )
+
+    async def _exec_within(
+        self,
+        api: DockerApi,
+        argv: list[str],
+        *,
+        env: list[str],
+        workdir: str,
+        output: OutputCollector,
+        deadline_s: float,
+        doing: str,
+    ) -> int | None:
+        """Run `argv` in the container; its exit code. Past `deadline_s` → `SandboxTimeoutError`
+        (its message ends with `doing`); an engine error → lost (or paused)."""
         try:
-            async with asyncio.timeout(grace):
-                await api.exec_run(self.container_id, argv, env=[], workdir="/", output=OutputCollector(1024),
-                                   timeout_s=grace)  # fmt: skip
+            async with asyncio.timeout(deadline_s):
+                return await api.exec_run(
+                    self.container_id, argv, env=env, workdir=workdir, output=output, timeout_s=deadline_s
+                )
         except TimeoutError as error:
             raise SandboxTimeoutError(
-                f"sandbox {self.id} did not answer within {grace:.0f}s while killing a timed-out command",
-                backend=BACKEND,
+                f"sandbox {self.id} did not answer within {deadline_s:.0f}s {doing}", backend=BACKEND
             ) from error
         except (DockerApiError, DockerUnreachableError) as error:
             raise await self._lost(error) from None
@@ -328,9 +340,7 @@ class DockerSandbox:
         if self._stopped:
             return
         self._stopped = True
-        began = time.monotonic()
         await self._remove_quietly()
-        self.timings.stop_s = time.monotonic() - began
 
     def _absolute(self, remote: str) -> str:
         return remote if remote.startswith("/") else f"{self._docker.workdir.rstrip('/')}/{remote}"

@@ -54,12 +54,11 @@ from sandboxes.base import (
     SandboxTimeoutError,
     Timings,
 )
-from sandboxes.output import STDERR, STDOUT, OutputCollector, exec_result, timeout_argv
+from sandboxes.output import SIGKILL_EXIT, STDERR, STDOUT, OutputCollector, exec_result, timeout_argv
 from sandboxes.settings import E2BSettings, SandboxSettings
 from sandboxes.transfer import extract_download, tar_directory, tar_path
 
 BACKEND = "e2b"
-KILLED_EXIT = 128 + 9
 Stage = Literal["start", "exec", "files"]
 
 
@@ -105,7 +104,7 @@ def map_error(error: BaseException, *, stage: Stage, settings: E2BSettings, secr
 def command_exit_code(result: CommandResult[Any]) -> int:
     """The exit code, with a process killed by a signal (E2B reports -1) read as SIGKILL's 137."""
     if result.exit_code == -1 or (result.error or "").startswith("signal: killed"):
-        return KILLED_EXIT
+        return SIGKILL_EXIT
     return int(result.exit_code)
 
 
@@ -186,7 +185,6 @@ class E2BSandbox:
             await self._kill_quietly()
             raise map_error(error, stage="start", settings=self._e2b, secret=key) from None
         self.timings.start_s = time.monotonic() - began
-        self.timings.ready_at = time.time()
 
     async def exec(
         self,
@@ -249,9 +247,7 @@ class E2BSandbox:
         if self._stopped:
             return
         self._stopped = True
-        began = time.monotonic()
         await self._kill_quietly()
-        self.timings.stop_s = time.monotonic() - began
 
     async def _put(self, tar_bytes: bytes) -> None:
         """Write a tarball into the VM and unpack it at `/` (paths inside are absolute-less)."""

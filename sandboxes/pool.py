@@ -185,7 +185,6 @@ class SandboxPool:
             raise SandboxStartError(f"warm sandbox handoff failed: {error}", backend=box.backend) from error
         self._handoffs += 1
         box.timings.warm = True
-        box.timings.handoff_s = time.monotonic() - began
         box.timings.queued_s = began - queued
         return box
 

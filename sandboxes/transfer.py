@@ -1,5 +1,5 @@
 """Tar archives for moving files in and out of sandboxes (docker's archive endpoints,
-a tarball through E2B's file API).
+a tarball through E2B's file API, bwrap's exec server for paths outside the workspace).
 
 `tar_directory` packs a workspace under the container's workdir; `tar_path` packs a
 file or directory under a path relative to `/` (the engine creates missing parent

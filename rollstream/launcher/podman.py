@@ -5,18 +5,14 @@ socket at `<state_dir>/podman/podman.sock` (crun fails on this machine's cgroups
 runc works) unless it already answers, and returns its address
 (`unix:///abs/path/podman.sock`) for `sandbox.docker.base_url`. `down(config)` stops
 it, `is_up(config)` asks it. `ensure_image(config)` also builds and imports the
-sandbox image (`sandboxes.image`). `docker_config(config)` returns the config with
-`sandbox.docker.base_url` pointing at this service when it was left empty.
+sandbox image (`sandboxes.image`).
 
 Run `python -m rollstream.launcher.podman up|image|down|status` by hand.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +30,7 @@ from rollstream.launcher.process import (
     live_pid,
     log_tail,
     start_detached,
+    stop_processes,
 )
 from sandboxes.image import ImageBuildError, ImageReport
 from sandboxes.image import ensure_image as build_and_import
@@ -81,7 +78,7 @@ def ensure_up(config: Config) -> str:
             raise LauncherError(f"socket path {socket} is too long for a unix socket; shorten state_dir")
         pid = live_pid(folder / "podman.pid", MARKER)
         if pid is not None:  # ours, but not answering: replace it
-            _stop(pid, grace_s=5.0)
+            stop_processes([pid], grace_s=5.0)
         socket.unlink(missing_ok=True)
         argv = ["podman", "--runtime", "runc", "system", "service", "--time=0", f"unix://{socket}"]
         pid = start_detached(argv, folder / "podman.log", folder / "podman.pid", cwd=folder)
@@ -97,7 +94,7 @@ def _wait_until_up(config: Config, folder: Path, pid: int) -> None:
         if not is_running(pid):
             break
         time.sleep(0.2)
-    _stop(pid, grace_s=5.0)
+    stop_processes([pid], grace_s=5.0)
     raise LauncherError(
         f"podman system service did not answer on {socket_path(config)}; its log:\n"
         + log_tail(folder / "podman.log")
@@ -111,35 +108,16 @@ def down(config: Config) -> bool:
         pid = live_pid(folder / "podman.pid", MARKER)
         if pid is None:
             return False
-        _stop(pid, grace_s=10.0)
+        stop_processes([pid], grace_s=10.0)
         (folder / "podman.pid").unlink(missing_ok=True)
         socket_path(config).unlink(missing_ok=True)
         return True
-
-
-def _stop(pid: int, grace_s: float) -> None:
-    """SIGTERM (podman closes its socket cleanly), SIGKILL after `grace_s`."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-        deadline = time.monotonic() + wait_s
-        while is_running(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if not is_running(pid):
-            return
 
 
 def ensure_image(config: Config) -> ImageReport:
     """Service up and `sandbox.docker.image` on it (built from Debian packages when missing)."""
     url = ensure_up(config)
     return build_and_import(config.sandbox.docker, url, config.state_dir / "images")
-
-
-def docker_config(config: Config) -> Config:
-    """`config` with `sandbox.docker.base_url` set to this service when it is empty."""
-    if config.sandbox.docker.base_url:
-        return config
-    return config.with_overrides([f'sandbox.docker.base_url="{ensure_up(config)}"'])
 
 
 app = typer.Typer(help="podman's Docker-compatible API for the docker sandbox backend.", no_args_is_help=True)
