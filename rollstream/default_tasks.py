@@ -15,12 +15,12 @@ import contextlib
 import fcntl
 import json
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from rollstream.config import Config
 from sandboxes.backends import make_factory
-from sandboxes.tasks.build import BuildReport, BuildRequest, build_from_sdist
+from sandboxes.tasks.build import BuildReport, BuildRequest, ProgressFn, build_from_sdist
 from sandboxes.tasks.harbor import TASK_FILE
 from sandboxes.tasks.sdist import SdistSpec
 
@@ -28,8 +28,6 @@ RECIPE_FILE = "recipe.json"
 BUILDER_VERSION = 4  # bump when the builder's output changes, so old sets are rebuilt
 MIN_TASKS = 30
 MIN_LIBRARIES = 3
-
-ProgressFn = Callable[[str, int, int], None]
 
 
 class DefaultTasksError(RuntimeError):

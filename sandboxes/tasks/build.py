@@ -58,7 +58,6 @@ class BuildReport:
     candidates: int = 0
     tried: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
-    decisions: list[tuple[str, str]] = field(default_factory=list)  # (mutation, kept or why not)
     duration_s: float = 0.0
 
 
@@ -250,10 +249,6 @@ def _commit(
     if len(kept) >= limit:
         return
     verdict = outcome.judgement
-    mutation = outcome.mutation
-    report.decisions.append(
-        (f"{mutation.kind} {mutation.path}:{mutation.line} {mutation.function}", verdict.reason)
-    )
     if not verdict.kept:
         report.rejected[verdict.reason] += 1
         return

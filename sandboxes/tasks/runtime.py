@@ -169,13 +169,18 @@ def verifier_script(
     )
 
 
+def write_grader(tests_dir: Path, fail_to_pass: Sequence[str], pass_to_pass: Sequence[str]) -> None:
+    """grade.py and tests.json (the tests it grades) into an existing task tests/ directory."""
+    (tests_dir / "grade.py").write_text(grade_source())
+    (tests_dir / "tests.json").write_text(
+        json.dumps({"fail_to_pass": list(fail_to_pass), "pass_to_pass": list(pass_to_pass)}, indent=1)
+    )
+
+
 def write_runtime_files(tests_dir: Path, pyz: Path, fail_to_pass: list[str], pass_to_pass: list[str]) -> None:
     """grade.py, tests.json and pytest.pyz (hard-linked when possible) into a task's tests/."""
     tests_dir.mkdir(parents=True, exist_ok=True)
-    (tests_dir / "grade.py").write_text(grade_source())
-    (tests_dir / "tests.json").write_text(
-        json.dumps({"fail_to_pass": fail_to_pass, "pass_to_pass": pass_to_pass}, indent=1)
-    )
+    write_grader(tests_dir, fail_to_pass, pass_to_pass)
     target = tests_dir / "pytest.pyz"
     target.unlink(missing_ok=True)
     try:

@@ -90,7 +90,6 @@ class ProjectLayout:
     root: Path
     source_roots: tuple[str, ...]  # PYTHONPATH entries relative to root: "src" or "."
     packages: tuple[str, ...]  # package dirs or single modules, relative to root
-    test_files: tuple[str, ...]  # relative paths of test modules
     test_support: tuple[str, ...]  # test dirs and root config files the verifier restores
 
     def test_targets(self) -> tuple[str, ...]:
@@ -221,7 +220,6 @@ def analyze_project(root: Path, spec: SdistSpec) -> ProjectLayout:
         root=root,
         source_roots=(source_root,),
         packages=tuple(packages + modules),
-        test_files=tuple(tests),
         test_support=_test_support(root, tests),
     )
 

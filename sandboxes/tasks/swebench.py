@@ -22,7 +22,7 @@ from typing import Any
 
 from sandboxes.settings import TaskSettings
 from sandboxes.tasks.harbor import EnvironmentSpec, Task, TaskMetadata, write_task_files
-from sandboxes.tasks.runtime import grade_source
+from sandboxes.tasks.runtime import write_grader
 
 REQUIRED = ("instance_id", "repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "problem_statement")
 SWEBENCH_IMAGE = "swebench/sweb.eval.x86_64.{key}:latest"
@@ -139,10 +139,7 @@ def write_swebench_task(instance: dict[str, Any], out: Path, settings: TaskSetti
     write_task_files(task_dir, task, test_sh=test_sh, solve_sh=solve_sh, dockerfile=f"FROM {image}\n")
     tests = task_dir / "tests"
     (tests / "test.patch").write_text(str(instance["test_patch"]))
-    (tests / "grade.py").write_text(grade_source())
-    (tests / "tests.json").write_text(
-        json.dumps({"fail_to_pass": list(fail_to_pass), "pass_to_pass": list(pass_to_pass)}, indent=1)
-    )
+    write_grader(tests, fail_to_pass, pass_to_pass)
     return task_id
 
 
