@@ -233,5 +233,4 @@ def command(
         measured = asyncio.run(measure(settings, plan))
     except SandboxError as error:
         fail(f"infra_error:{error.kind}: {error}")
-        return
     print(json.dumps(figures(backend, plan, measured)))

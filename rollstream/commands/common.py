@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -27,9 +27,9 @@ def read_config(path: Path | None, overrides: list[str] | None) -> Config:
         return load_config(path, overrides or [])
     except ConfigError as error:
         fail(str(error), code=2)
-        raise  # unreachable; keeps type checkers honest
 
 
-def fail(message: str, code: int = 1) -> None:
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print `message` as an error and exit with `code` (raises typer.Exit)."""
     err_console.print(f"[bold red]error:[/] {message}")
     raise typer.Exit(code)

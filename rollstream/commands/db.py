@@ -29,7 +29,6 @@ def upgrade(db: DbUrl = None, config: ConfigPath = None, overrides: Overrides = 
         engine.dispose()
     except (StoreError, SQLAlchemyError) as error:
         fail(f"cannot migrate {url}: {error}")
-        return
     if before == after:
         console.print(f"{url}: already at {after}")
     else:
@@ -46,7 +45,6 @@ def current(db: DbUrl = None, config: ConfigPath = None, overrides: Overrides = 
         engine.dispose()
     except (StoreError, SQLAlchemyError) as error:
         fail(f"cannot read {url}: {error}")
-        return
     head = head_revision()
     console.print(f"{url}: at {revision or '(empty)'}, newest {head}")
     if revision != head:

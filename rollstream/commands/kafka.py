@@ -25,7 +25,6 @@ def up(config: ConfigPath = None, overrides: Overrides = None, brokers: Brokers 
             bootstrap = kafka.ensure_up(cfg, brokers)
     except LauncherError as error:
         fail(str(error))
-        return
     if brokers > 1:
         hints = " ".join(f"-s '{o}'" for o in kafka.cluster_overrides(cfg, brokers))
         console.print(f"[dim]point commands at the cluster with: {hints}[/]")
@@ -45,7 +44,6 @@ def down(
         stopped = kafka.down(cfg, brokers, wipe=wipe)
     except LauncherError as error:
         fail(str(error))
-        return
     console.print(f"stopped {len(stopped)} Kafka node(s)" if stopped else "Kafka was not running")
 
 
@@ -57,7 +55,6 @@ def status(config: ConfigPath = None, overrides: Overrides = None, brokers: Brok
         nodes = kafka.status(cfg, brokers)
     except LauncherError as error:
         fail(str(error))
-        return
     table = Table("node", "port", "pid", "answers", "dir")
     for node in nodes:
         table.add_row(str(node.node_id), str(node.port), str(node.pid or "-"), str(node.answers), node.dir)

@@ -40,7 +40,6 @@ def info(config: ConfigPath = None, overrides: Overrides = None, out: OutDir = N
         tokenizer = load_tokenizer(path)
     except (FileNotFoundError, KeyError) as error:
         fail(f"{path} is not a model directory: {error}")
-        return
     console.print(f"[bold]{path}[/]")
     console.print(f"  architecture   {described.model}")
     console.print(f"  parameters     {load_model(path).num_parameters():,}")

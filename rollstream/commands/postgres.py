@@ -20,7 +20,6 @@ def up(config: ConfigPath = None, overrides: Overrides = None) -> None:
             url = postgres.ensure_up(cfg)
     except LauncherError as error:
         fail(str(error))
-        return
     print(url)
 
 
@@ -32,7 +31,6 @@ def down(config: ConfigPath = None, overrides: Overrides = None) -> None:
         stopped = postgres.down(cfg)
     except LauncherError as error:
         fail(str(error))
-        return
     console.print("PostgreSQL stopped" if stopped else "PostgreSQL was not running")
 
 

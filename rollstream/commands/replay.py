@@ -40,7 +40,6 @@ def load_run(cfg: Config, run: str, from_db: bool) -> RecordedRun:
             )
         except DecodeError as error:
             fail(f"cannot read run {run}: {error}")
-            raise
     if not recorded.events:
         where = cfg.db_url if from_db else f"topic {cfg.topics.prefix}rollout.events at {cfg.kafka.bootstrap}"
         fail(f"run {run!r} has no rollout events in {where}; check --run (and --from-db / topics.prefix)")

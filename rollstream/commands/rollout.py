@@ -66,7 +66,6 @@ def rollout(
         chat = ChatFormat.for_tokenizer(load_tokenizer(model_dir))
     except (FileNotFoundError, ValueError) as error:
         fail(str(error))
-        return
     console.print(
         f"rollout worker on {cfg.kafka.bootstrap} (prefix {cfg.topics.prefix!r}): "
         f"engines {', '.join(cfg.client.urls)}, {cfg.sandbox.backend} sandboxes, "
@@ -137,7 +136,6 @@ def submit(
         refs = task_refs(tasks_root)
     except FileNotFoundError as error:
         fail(str(error))
-        return
     run_id = run or cfg.run.name or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     size = group_size or cfg.policy.group_size
     events = run_requests(

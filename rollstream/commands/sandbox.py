@@ -56,7 +56,6 @@ def exec_command(
         result = asyncio.run(run_once(settings, workspace, line, timeout))
     except SandboxError as error:
         fail(f"infra_error:{error.kind}: {error}", code=INFRA_ERROR_EXIT)
-        return
     print(json.dumps(result.to_json_dict()))
 
 

@@ -40,12 +40,10 @@ def command(
         engine = open_store(url)
     except (StoreError, SQLAlchemyError) as error:
         fail(f"cannot open the event store {url}: {error}")
-        return
     try:
         totals = asyncio.run(_run(cfg, engine, until_idle))
     except SinkError as error:
         fail(str(error))
-        return
     finally:
         engine.dispose()
     console.print(

@@ -49,7 +49,6 @@ def command(
         engine = open_readonly(db or cfg.db_url)
     except (WriteRefusedError, StoreError) as error:
         fail(str(error), code=2)
-        return
     try:
         with engine.connect() as conn:
             result = conn.execute(text(query))

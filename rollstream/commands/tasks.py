@@ -84,7 +84,6 @@ def build(
         spec = SdistSpec.parse(from_sdist)
     except ValueError as error:
         fail(str(error), code=2)
-        return
     request = BuildRequest(spec, out, max_tasks, seed)
     try:
         with _progress() as progress:
@@ -95,10 +94,8 @@ def build(
             )
     except UnfitLibraryError as error:
         fail(f"{error}")
-        return
     except SandboxError as error:
         fail(f"infra_error:{error.kind}: {error}", code=3)
-        return
     _print_report(report)
     if not report.task_ids:
         fail(f"{spec}: no mutant was kept; try another --seed or a larger tasks.max_mutants_tried")
@@ -117,7 +114,6 @@ def import_swebench_command(
         ids = import_swebench(file, out, cfg.tasks)
     except SwebenchImportError as error:
         fail(str(error), code=2)
-        return
     console.print(f"wrote {len(ids)} tasks to {out}")
 
 
@@ -158,7 +154,6 @@ def check(
         tasks = load_tasks(directory)
     except TaskFormatError as error:
         fail(str(error), code=2)
-        return
     began = time.monotonic()
     with Progress(console=console) as progress:
         row = progress.add_task("checking tasks", total=len(tasks))
@@ -191,10 +186,8 @@ def default(
             directory = ensure_default_tasks(cfg, rebuild=rebuild, progress=progress)
     except (DefaultTasksError, UnfitLibraryError) as error:
         fail(str(error))
-        return
     except SandboxError as error:
         fail(f"infra_error:{error.kind}: {error}", code=3)
-        return
     count = len(load_tasks(directory))
     recipe = json.loads((directory / RECIPE_FILE).read_text()) if (directory / RECIPE_FILE).is_file() else {}
     for library, ids in recipe.get("libraries", {}).items():
@@ -215,7 +208,6 @@ def list_tasks(
         tasks = load_tasks(root)
     except TaskFormatError as error:
         fail(str(error), code=2)
-        return
     table = Table(title=f"{len(tasks)} tasks in {root}")
     table.add_column("task", no_wrap=True)
     for column in ("source", "fail→pass", "pass→pass", "mutation"):

@@ -22,10 +22,8 @@ def create(config: ConfigPath = None, overrides: Overrides = None) -> None:
         names = asyncio.run(create_topics(cfg.kafka, cfg.topics))
     except (TopicError, OSError) as error:
         fail(f"{error} (is Kafka up at {cfg.kafka.bootstrap}? `rollstream kafka up`)")
-        return
     except Exception as error:  # aiokafka connection errors have no common base
         fail(f"could not reach Kafka at {cfg.kafka.bootstrap}: {error!r}; start it: `rollstream kafka up`")
-        return
     console.print(f"{len(names)} topics ready on {cfg.kafka.bootstrap}: {', '.join(names)}")
 
 
@@ -37,7 +35,6 @@ def list_(config: ConfigPath = None, overrides: Overrides = None) -> None:
         topics = asyncio.run(list_topics(cfg.kafka, cfg.topics))
     except Exception as error:
         fail(f"could not list topics at {cfg.kafka.bootstrap}: {error!r}; is Kafka up? `rollstream kafka up`")
-        return
     if not topics:
         console.print(f"no Rollstream topics under prefix {cfg.topics.prefix!r}: `rollstream topics create`")
         return
