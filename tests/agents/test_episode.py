@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+import sandboxes.base
 from agents.chat import ChatFormat
 from agents.engine.protocol import EngineError
 from agents.episode import Episode, EpisodeServices, EpisodeSpec
@@ -18,33 +19,15 @@ from agents.scripted import ScriptedPolicy
 from agents.settings import AgentSettings
 from sandboxes.base import Sandbox, SandboxError
 from sandboxes.simulated import SimulatedLatency, SimulatedSandboxFactory
+from sandboxes.tasks import Verdict
 from sandboxes.tasks.harbor import Task, TaskMetadata
 from streams.assemble import fold_trajectory
-from streams.events import Event
-from streams.outcomes import Outcome
+from streams.outcomes import Outcome, infra_outcome
 from streams.payloads import Limits
+from tests.agents.conftest import Collected
 
 SUBMIT = AgentSettings().submit_command
 FAST = SimulatedLatency(time_scale=0.001)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    reward: float
-    fail_to_pass: dict[str, bool] = field(default_factory=dict)
-    pass_to_pass: dict[str, bool] = field(default_factory=dict)
-    duration_s: float = 0.0
-
-
-class Collected:
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    async def emit(self, event: Event) -> None:
-        self.events.append(event)
-
-    def types(self) -> list[str]:
-        return [e.type for e in self.events]
 
 
 class DirectSandboxes:
@@ -201,6 +184,11 @@ async def test_shutdown_cancel_writes_nothing_more(chat: ChatFormat) -> None:
 
 def test_sandbox_error_kinds_map_to_outcomes() -> None:
     assert SandboxError("x").kind == "sandbox_lost"
+    errors = [c for c in vars(sandboxes.base).values() if isinstance(c, type) and issubclass(c, SandboxError)]
+    assert len(errors) >= 6  # SandboxError, its four kinds and BackendUnavailableError
+    for cls in errors:
+        # infra_outcome raises ValueError on a kind that is not an Outcome
+        assert infra_outcome(cls("x", backend="test").kind).is_infra_error, cls
 
 
 class RefusingPolicy(ScriptedPolicy):

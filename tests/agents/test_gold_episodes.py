@@ -20,20 +20,12 @@ from sandboxes.backends import make_factory
 from sandboxes.base import Sandbox
 from sandboxes.pool import SandboxPool
 from sandboxes.tasks import Task, Verdict, load_tasks, run_verifier
-from streams.events import Event
 from streams.outcomes import Outcome
 from streams.payloads import Limits, TrajectoryFinished
+from tests.agents.conftest import Collected
 
 pytestmark = pytest.mark.slow
 AT_ONCE = 3  # episodes in parallel: the machine has 2 cores
-
-
-class Collected:
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    async def emit(self, event: Event) -> None:
-        self.events.append(event)
 
 
 async def verify(box: Sandbox, task: Task) -> Verdict:
