@@ -64,12 +64,9 @@ class ChatFormat:
     def message(self, role: str, content: str) -> list[int]:
         return [self.im_start, *self.encode(f"{role}\n{content}"), self.im_end, *self._newline]
 
-    def assistant_header(self) -> list[int]:
-        return list(self._assistant_header)
-
     def prompt(self, system: str, instance: str) -> list[int]:
         """The first context: system and instance messages, then the assistant header."""
-        return [*self.message("system", system), *self.message("user", instance), *self.assistant_header()]
+        return [*self.message("system", system), *self.message("user", instance), *self._assistant_header]
 
     def observation(self, previous_output: Sequence[int], content: str) -> list[int]:
         """Ids appended after `previous_output` to show `content` as the next user turn."""

@@ -7,12 +7,11 @@ the request so a deadline can abort it while it runs.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from agents.engine.protocol import Generation, SamplingParams
 
 
-@runtime_checkable
 class Policy(Protocol):
     async def generate(self, input_ids: list[int], params: SamplingParams, rid: str) -> Generation: ...
 

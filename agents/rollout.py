@@ -157,7 +157,6 @@ class RolloutWorker:
         self.episodes: dict[str, Episode] = {}
         self.outcomes: Counter[str] = Counter()
         self.retries_sent = 0
-        self._running: set[asyncio.Task[None]] = set()
         self._partition_of: dict[asyncio.Task[None], Partition] = {}
         self._slot_freed = asyncio.Event()
         self.failure: BaseException | None = None
@@ -169,7 +168,7 @@ class RolloutWorker:
 
     @property
     def in_flight(self) -> int:
-        return len(self._running)
+        return len(self._partition_of)
 
     @property
     def events_written(self) -> int:
@@ -196,7 +195,7 @@ class RolloutWorker:
                 await self._wait_for_aborts(helpers[0])
                 await self._serve(requests, stop)
             finally:
-                await self._cancel(self._running)
+                await self._cancel(set(self._partition_of))
                 await self._cancel(set(helpers))
                 with contextlib.suppress(Exception):
                     await producer.flush()
@@ -224,7 +223,7 @@ class RolloutWorker:
         stopping = asyncio.create_task(stop.wait())
         try:
             while not stop.is_set() and self.failure is None:
-                free = self.settings.rollout.concurrency - len(self._running)
+                free = self.settings.rollout.concurrency - len(self._partition_of)
                 if free > 0:
                     requests.consumer.resume(*requests.consumer.paused())
                     poll_ms = self.settings.rollout.request_poll_ms
@@ -256,11 +255,9 @@ class RolloutWorker:
         partition = (consumed.topic, consumed.partition)
         self.offsets.started(partition, consumed.offset)
         task = asyncio.create_task(self._handle(consumed), name=f"episode-{consumed.event.trajectory_id}")
-        self._running.add(task)
         self._partition_of[task] = partition
 
         def done(finished: asyncio.Task[None]) -> None:
-            self._running.discard(finished)
             self._partition_of.pop(finished, None)
             if finished.cancelled():
                 pass  # shutdown: left uncommitted, re-run by the partition's next owner

@@ -60,9 +60,7 @@ def plain_loop(model: PolicyModel, batch_prompts: list[list[int]], new_tokens: i
         for step in range(1, new_tokens):
             start = torch.full((batch,), length + step - 1, dtype=torch.long)
             logits = model.forward_cached(tokens[:, None], start, cache)
-            sampling = BatchSampling(
-                sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed, sampling.step + 1
-            )
+            sampling = sampling.next_step()
             tokens, logprobs = sample(logits[:, -1], sampling)
             outputs.append((tokens, logprobs))
     elapsed = time.perf_counter() - began

@@ -17,7 +17,6 @@ Two ways in:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -244,17 +243,3 @@ def build_model(config: ModelConfig, seed: int = 0) -> PolicyModel:
     model = PolicyModel(config)
     model.init_weights(seed)
     return model.eval()
-
-
-def init_model_dir(settings: ModelSettings, path: Path) -> Path:
-    """Create a randomly initialised model directory (HF layout). See `trainer.checkpoint`."""
-    from trainer.checkpoint import init_model_dir as init
-
-    return init(settings, path)
-
-
-def load_model(path: Path) -> PolicyModel:
-    """Load a model directory written by `init_model_dir` or `trainer.checkpoint.save_model`."""
-    from trainer.checkpoint import load_model as load
-
-    return load(path)

@@ -91,6 +91,17 @@ class RunningRequest:
         )
 
 
+def request_sampling(requests: list[RunningRequest], steps: list[int]) -> BatchSampling:
+    """The requests' sampling settings as one BatchSampling; `steps[i]` is row i's token index."""
+    return BatchSampling.build(
+        [r.params.temperature for r in requests],
+        [r.params.top_p for r in requests],
+        [r.params.top_k for r in requests],
+        [r.seed for r in requests],
+        steps,
+    )
+
+
 class DecodeBatch:
     """Decoding requests, one row each of a padded KV buffer of fixed `capacity` positions."""
 
@@ -147,25 +158,13 @@ class DecodeBatch:
         tokens = torch.tensor([[r.output_ids[-1]] for r in self.requests], dtype=torch.long)
         start = torch.tensor(self.lengths, dtype=torch.long)
         if self._sampling is None:
-            self._sampling = BatchSampling.build(
-                [r.params.temperature for r in self.requests],
-                [r.params.top_p for r in self.requests],
-                [r.params.top_k for r in self.requests],
-                [r.seed for r in self.requests],
-                [len(r.output_ids) for r in self.requests],
-            )
+            self._sampling = request_sampling(self.requests, [len(r.output_ids) for r in self.requests])
         return tokens, start, view, self._sampling
 
     def finish_step(self) -> None:
         self.lengths = [length + 1 for length in self.lengths]
         if self._sampling is not None:
-            self._sampling = BatchSampling(
-                self._sampling.temperature,
-                self._sampling.top_p,
-                self._sampling.top_k,
-                self._sampling.seed,
-                self._sampling.step + 1,
-            )
+            self._sampling = self._sampling.next_step()
 
     def _ensure_rows(self, rows: int) -> None:
         have = self.cache.rows if self.cache is not None else 0

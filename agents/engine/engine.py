@@ -35,11 +35,11 @@ from pathlib import Path
 
 import torch
 
-from agents.engine.batch import DecodeBatch, Decoder, EngineResult, RunningRequest
+from agents.engine.batch import DecodeBatch, Decoder, EngineResult, RunningRequest, request_sampling
 from agents.engine.prefill import Prefilled, prefill_step
 from agents.engine.prefix_cache import PrefixCache
 from agents.engine.protocol import FinishReason, SamplingParams
-from agents.engine.sampling import BatchSampling, sample
+from agents.engine.sampling import sample
 from agents.settings import EngineSettings
 from trainer.checkpoint import load_model, weight_version
 from trainer.model import KVCache, PolicyModel
@@ -365,13 +365,7 @@ class Engine:
         requests = [request for request, _, _ in completed]
         with self._lock:
             self._prefilling = [r for r in self._prefilling if r not in requests]
-        sampling = BatchSampling.build(
-            [r.params.temperature for r in requests],
-            [r.params.top_p for r in requests],
-            [r.params.top_k for r in requests],
-            [r.seed for r in requests],
-            [0] * len(requests),
-        )
+        sampling = request_sampling(requests, [0] * len(requests))
         tokens, logprobs = sample(torch.stack([logits for _, logits, _ in completed]), sampling)
         finished: list[tuple[RunningRequest, FinishReason]] = []
         drawn = zip(completed, tokens.tolist(), logprobs.tolist(), strict=True)

@@ -13,7 +13,7 @@ recomputes for importance weights.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -42,6 +42,10 @@ class BatchSampling:
             torch.tensor(seed, dtype=torch.int64),
             torch.tensor(step, dtype=torch.int64),
         )
+
+    def next_step(self) -> BatchSampling:
+        """The same rows' settings for the next token (step + 1)."""
+        return replace(self, step=self.step + 1)
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:

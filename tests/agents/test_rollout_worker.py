@@ -251,7 +251,7 @@ def check_against_forward_pass(
 ) -> None:
     import torch
 
-    from trainer.model import load_model
+    from trainer.checkpoint import load_model
 
     with torch.no_grad():
         logits = load_model(model_dir)(torch.tensor([tokens]))[0].float()
