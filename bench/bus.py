@@ -18,7 +18,6 @@ import asyncio
 import json
 import statistics
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Annotated
 
@@ -27,14 +26,14 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from rich.progress import Progress
 
 from bench.figures import median_rates
-from bench.local_broker import ensure_local_broker
+from bench.local_broker import ensure_local_broker, fresh_topics
 from rollstream.commands.common import ConfigPath, Overrides, console, read_config
 from rollstream.config import Config
 from streams.bus import EventConsumer, EventProducer
 from streams.events import Event, encode_event
 from streams.sample_events import bench_mix
 from streams.settings import TopicSettings
-from streams.topics import create_topics, delete_topics, topic_name
+from streams.topics import delete_topics, topic_name
 
 TOPIC = "rollout.events"
 UNIQUE_EVENTS = 4096  # the mix repeats after this many (generation is not what we measure)
@@ -103,12 +102,6 @@ async def _raw(
         await consumer.stop()
 
 
-async def _fresh_topics(config: Config) -> TopicSettings:
-    topics = config.topics.model_copy(update={"prefix": f"bench-{uuid.uuid4().hex[:8]}-"})
-    await create_topics(config.kafka, topics)
-    return topics
-
-
 async def _run(config: Config, count: int, rounds: int, tokens: int) -> dict[str, float]:
     unique = bench_mix(min(count, UNIQUE_EVENTS), tokens)
     events = [unique[i % len(unique)] for i in range(count)]
@@ -125,7 +118,7 @@ async def _run(config: Config, count: int, rounds: int, tokens: int) -> dict[str
                 def on_progress(seen: int, task: int = task) -> None:
                     progress.update(task, completed=seen)
 
-                topics = await _fresh_topics(config)
+                topics = await fresh_topics(config, "bench")
                 try:
                     run: Awaitable[float] = (
                         _ours(config, topics, events, on_progress)

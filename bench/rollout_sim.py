@@ -59,6 +59,7 @@ from bench.workload import (
     mean_turns,
     plan_episode,
     sample_verifier_s,
+    scaled,
 )
 from rollstream.commands.common import ConfigPath, Overrides, console, read_config
 from rollstream.config import Config
@@ -68,7 +69,7 @@ from sandboxes.simulated import SimulatedLatency, SimulatedSandboxFactory
 from sandboxes.tasks import Task, TaskMetadata, Verdict
 from sandboxes.tasks.harbor import write_task_files
 from streams.payloads import Limits, TrajectoryFinished
-from streams.topics import create_topics, topic_name, topic_specs
+from streams.topics import create_topics, delete_topics
 from trainer.tokenizer import train_tokenizer
 
 GROUP_SIZE = 8
@@ -167,7 +168,7 @@ def simulated_services(
     async def verify(box: Sandbox, task: Task) -> Verdict:
         seconds = sample_verifier_s(rng, profile)
         meter.credit(seconds)
-        await asyncio.sleep(seconds * profile.time_scale)
+        await asyncio.sleep(scaled(seconds, profile))
         reward = 1.0 if rng.random() < profile.resolved_fraction_of_submitted else 0.0
         return Verdict(reward, {"test_sim": reward == 1.0}, {}, seconds)
 
@@ -271,13 +272,7 @@ def _figures(profile: WorkloadProfile, concurrency: int, start: Snapshot, end: S
 
 
 async def _delete_topics(cfg: Config) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=cfg.kafka.bootstrap)
-    await admin.start()
     try:
-        await admin.delete_topics([topic_name(cfg.topics, spec.short) for spec in topic_specs(cfg.topics)])
+        await delete_topics(cfg.kafka, cfg.topics)
     except Exception as error:  # leftover topics under a unique prefix harm nobody
         console.print(f"[yellow]could not delete the benchmark's topics: {error!r}")
-    finally:
-        await admin.close()

@@ -18,18 +18,16 @@ import asyncio
 import json
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from aiokafka.admin import AIOKafkaAdminClient
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import insert, select
 
 from bench.figures import median_rates
-from bench.local_broker import ensure_local_broker
+from bench.local_broker import ensure_local_broker, fresh_topics
 from rollstream.commands.common import ConfigPath, Overrides, console, read_config
 from rollstream.config import Config
 from streams.bus import EventProducer
@@ -39,7 +37,7 @@ from streams.settings import TopicSettings
 from streams.sink import Sink, SinkProgress
 from streams.store import open_store
 from streams.store.models import EventRow
-from streams.topics import create_topics
+from streams.topics import delete_topics
 
 TOPIC = "rollout.events"
 UNIQUE_EVENTS = 4096  # generated once; copies get their own ids and trajectories (generation is not measured)
@@ -119,22 +117,6 @@ def stored_rows(url: str) -> list[dict[str, Any]]:
     return rows
 
 
-async def fresh_topics(config: Config) -> TopicSettings:
-    topics = config.topics.model_copy(update={"prefix": f"bench-sink-{uuid.uuid4().hex[:8]}-"})
-    await create_topics(config.kafka, topics)
-    return topics
-
-
-async def drop_topics(config: Config, topics: TopicSettings) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=config.kafka.bootstrap)
-    await admin.start()
-    try:
-        names = [name for name in await admin.list_topics() if name.startswith(topics.prefix)]
-        await admin.delete_topics(names)
-    finally:
-        await admin.close()
-
-
 async def one_round(
     config: Config, topics: TopicSettings, count: int, workdir: Path, progress: Progress, label: str
 ) -> tuple[float, float]:
@@ -160,7 +142,7 @@ async def one_round(
 async def run(config: Config, count: int, tokens: int, rounds: int, workdir: Path) -> dict[str, float]:
     events = unique_events(count, tokens)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    topics = await fresh_topics(config)
+    topics = await fresh_topics(config, "bench-sink")
     ours: list[float] = []
     raw: list[float] = []
     try:
@@ -175,7 +157,7 @@ async def run(config: Config, count: int, tokens: int, rounds: int, workdir: Pat
                     f"round {number}: sink {ours[-1]:,.0f} events/s, plain insert {raw[-1]:,.0f} events/s"
                 )
     finally:
-        await drop_topics(config, topics)
+        await delete_topics(config.kafka, topics)
     return {"events": count, "rounds": rounds, **median_rates(ours, raw)}
 
 

@@ -30,7 +30,6 @@ import uuid
 from pathlib import Path
 
 import typer
-from aiokafka.admin import AIOKafkaAdminClient
 from rich.console import Console
 from rich.progress import Progress
 
@@ -41,7 +40,7 @@ from streams.bus import EventConsumer, EventProducer
 from streams.events import Event, encode_event
 from streams.settings import PolicySettings
 from streams.synthetic import group_events, random_attempts
-from streams.topics import SHORT_NAMES, create_topics, topic_name
+from streams.topics import create_topics, delete_topics
 
 console = Console(stderr=True)
 RUN = "bench-streams"
@@ -135,15 +134,6 @@ async def _latency(
     return latencies
 
 
-async def _delete_topics(config: Config) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=config.kafka.bootstrap)
-    await admin.start()
-    try:
-        await admin.delete_topics([topic_name(config.topics, short) for short in SHORT_NAMES])
-    finally:
-        await admin.close()
-
-
 async def _bench(config: Config, trajectories: int, group_size: int, live_groups: int, rate: float) -> dict:
     await create_topics(config.kafka, config.topics)
     try:
@@ -161,7 +151,7 @@ async def _bench(config: Config, trajectories: int, group_size: int, live_groups
             await runner
             raw_after = await _raw(config, len(values), progress)  # the machine is shared: take the faster
     finally:
-        await _delete_topics(config)
+        await delete_topics(config.kafka, config.topics)
     raw_rate = max(raw_before, raw_after)
     latencies.sort()
     p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else float("nan")

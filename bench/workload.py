@@ -38,7 +38,6 @@ class WorkloadProfile:
     tool_sigma: float = 0.8
     verifier_median_s: float = 6.0  # assumption: not published
     verifier_sigma: float = 0.4
-    output_tokens_per_turn: int = 48  # tokens the simulated engine emits per call
     time_scale: float = 1.0  # wall seconds per workload second (0.01 = 100x faster)
 
     def __post_init__(self) -> None:
