@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rollstream.launcher.process import log_tail
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -46,19 +48,14 @@ class Pipeline:
         self.processes[name] = process
         return process
 
-    def log_tail(self, name: str, lines: int = 20) -> str:
-        path = self.log_dir / f"{name}.log"
-        if not path.exists():
-            return ""
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
     def check_alive(self) -> None:
         """Raise with the log tail of the first process that has exited."""
         for name, process in self.processes.items():
             if process.poll() is not None:
+                log = self.log_dir / f"{name}.log"
                 raise ProcessExitedError(
                     f"{name} exited with code {process.returncode}; last lines of its log "
-                    f"({self.log_dir / (name + '.log')}):\n{self.log_tail(name)}"
+                    f"({log}):\n{log_tail(log, lines=20)}"
                 )
 
     def stop(self, timeout_s: float = 15.0) -> None:

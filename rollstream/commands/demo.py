@@ -18,15 +18,15 @@ import asyncio
 import socket
 import time
 import uuid
-from pathlib import Path
 
 import typer
 
 from agents.submit import limits_of, run_requests, submit_requests, task_refs
-from rollstream.commands.common import ConfigPath, Overrides, console, fail
-from rollstream.config import Config, ConfigError, load_config
+from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.config import Config
 from rollstream.default_tasks import ensure_default_tasks
 from rollstream.launcher.kafka import ensure_up, points_at_local_broker
+from rollstream.launcher.process import port_in_use
 from rollstream.pipeline import Pipeline, ProcessExitedError
 from rollstream.run_progress import wait_for_groups, wait_for_sink
 from rollstream.run_summary import summarise_run
@@ -55,21 +55,17 @@ def command(
 ) -> None:
     """Run the whole pipeline on this machine and write a report."""
     extra = [*DEMO_DEFAULTS, f"policy.group_size={group_size}", *(overrides or [])]
-    try:
-        cfg = load_config(config, extra)
-    except ConfigError as error:
-        fail(str(error), code=2)
-        return
+    cfg = read_config(config, extra)
     run_id = cfg.run.name or f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
     console.rule(f"[bold]Rollstream demo · run {run_id}")
-    prepared = prepare(cfg)
+    prepare(cfg)
     run_dir = cfg.state_dir / "runs" / run_id
     config_args = [*(["--config", str(config)] if config else []), *_set_args(extra)]
-    port = cfg.engine.port if not engine and _port_free(cfg.engine.port) else _free_port()
+    port = cfg.engine.port if not engine and not port_in_use(cfg.engine.port) else _free_port()
     engine_url = engine or f"http://127.0.0.1:{port}"
-    refs = task_refs(prepared.tasks_dir)[:tasks]
+    refs = task_refs(cfg.tasks_dir)[:tasks]
     with Pipeline(run_dir / "logs", config_args) as pipeline:
-        start_processes(pipeline, cfg, prepared, engine_url, port, own_engine=not engine)
+        start_processes(pipeline, cfg, engine_url, port, own_engine=not engine)
         requests = run_requests(run_id, refs, group_size, limits_of(cfg.policy))
         asyncio.run(submit_requests(cfg.kafka, cfg.topics, requests))
         console.print(f"submitted {len(requests)} requests: {len(refs)} tasks x {group_size} attempts")
@@ -81,14 +77,9 @@ def command(
     summarise_run(cfg, run_id, run_dir / "report")
 
 
-class Prepared:
-    def __init__(self, tasks_dir: Path, model_dir: Path) -> None:
-        self.tasks_dir = tasks_dir
-        self.model_dir = model_dir
-
-
-def prepare(cfg: Config) -> Prepared:
-    """Services and inputs: Kafka, topics, the default task set, the policy model."""
+def prepare(cfg: Config) -> None:
+    """Services and inputs: Kafka, topics, the default task set (in `cfg.tasks_dir`), the policy
+    model (in `cfg.model_dir`)."""
     bootstrap = cfg.kafka.bootstrap
     if points_at_local_broker(cfg):  # a remote cluster in kafka.bootstrap is used as it is
         with console.status("starting Kafka (the first time fetches its jars from Maven Central)"):
@@ -102,31 +93,22 @@ def prepare(cfg: Config) -> Prepared:
         with console.status("initialising the policy model"):
             init_model_dir(cfg.model, model_dir)
     console.print(f"policy model in {model_dir}")
-    return Prepared(tasks_dir, model_dir)
 
 
-def start_processes(
-    pipeline: Pipeline, cfg: Config, prepared: Prepared, engine_url: str, port: int, *, own_engine: bool
-) -> None:
+def start_processes(pipeline: Pipeline, cfg: Config, engine_url: str, port: int, *, own_engine: bool) -> None:
     if own_engine:
-        pipeline.start("engine", ["engine", "serve", "--model", str(prepared.model_dir), "--port", str(port)])
+        pipeline.start("engine", ["engine", "serve", "--model", str(cfg.model_dir), "--port", str(port)])
     pipeline.start("worker", ["worker"])
     pipeline.start("sink", ["sink"])
     pipeline.start(
         "rollout",
-        ["rollout", "--tasks", str(prepared.tasks_dir), "--engine", engine_url,
-         "--model", str(prepared.model_dir)],
+        ["rollout", "--tasks", str(cfg.tasks_dir), "--engine", engine_url, "--model", str(cfg.model_dir)],
     )  # fmt: skip
     console.print(f"processes: {', '.join(pipeline.processes)}; logs in {pipeline.log_dir}")
 
 
 def _set_args(overrides: list[str]) -> list[str]:
     return [arg for item in overrides for arg in ("--set", item)]
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) != 0
 
 
 def _free_port() -> int:

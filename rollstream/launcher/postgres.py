@@ -24,7 +24,7 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from rollstream.config import Config
-from rollstream.launcher.process import LauncherError, file_lock, port_in_use
+from rollstream.launcher.process import LauncherError, file_lock, log_tail, port_in_use
 
 SERVER_SETTINGS = {
     "listen_addresses": "'127.0.0.1'",
@@ -144,8 +144,7 @@ def _start(config: Config, root: Path, data: Path) -> None:
     argv = [pg_ctl, "start", "-D", str(data), "-l", str(root / "server.log"), "-w", "-t", f"{timeout:.0f}"]
     done = _as_server_user(config, argv, timeout=timeout + 10)
     if done.returncode != 0:
-        log = root / "server.log"
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:]) if log.exists() else ""
+        tail = log_tail(root / "server.log", lines=20)
         raise LauncherError(f"PostgreSQL did not start:\n{(done.stdout + done.stderr).strip()}\n{tail}")
 
 

@@ -1,6 +1,7 @@
 """Background processes with pid files: start detached, recognise our own process
 (a pid file is stale when its pid is gone or now belongs to another program), stop
-with SIGTERM then SIGKILL, and check ports. Used by the Kafka launcher."""
+with SIGTERM then SIGKILL, check ports and read log tails. Used by the launchers and
+the pipeline supervisor."""
 
 from __future__ import annotations
 
@@ -123,8 +124,6 @@ def kill_now(pid: int) -> None:
     deadline = time.monotonic() + 10
     while is_running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-
-
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
