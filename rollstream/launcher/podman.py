@@ -157,7 +157,6 @@ def _run(action: Callable[[Config], T], config: Config) -> T:
         return action(config)
     except (LauncherError, ImageBuildError) as error:
         fail(str(error))
-        raise
 
 
 if __name__ == "__main__":
