@@ -7,14 +7,20 @@ file's directory when needed, runs the alembic migrations packaged in
 SQLite engines use WAL (readers never block the one writer and vice versa),
 `synchronous=NORMAL` (durable across a killed process; only an OS crash can
 lose the last commits), a busy timeout, and an explicit BEGIN per transaction
-so that a transaction really spans every statement in it. `open_readonly(url)`
-is the engine for `rollstream sql`: SQLite opened with `mode=ro`, PostgreSQL
-sessions with `default_transaction_read_only`.
+so that a transaction really spans every statement in it. Switching a new
+database to WAL is serialised across processes by an exclusive lock on the file
+`<database>.lock` (`_switch_to_wal`): SQLite's busy timeout does not cover that
+switch. `open_readonly(url)` is the engine for `rollstream sql`: SQLite opened
+with `mode=ro`, PostgreSQL sessions with `default_transaction_read_only`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +34,7 @@ from sqlalchemy.pool import NullPool
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 MIGRATION_LOCK_KEY = 0x526F6C6C  # PostgreSQL advisory lock held while migrating (SQLite: BEGIN IMMEDIATE)
+WAL_LOCK_POLL_S = 0.01  # how often a connection waiting to switch a new database to WAL retries the file lock
 
 
 class StoreError(RuntimeError):
@@ -47,7 +54,7 @@ def create_store_engine(url: str) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         _ensure_parent_dir(parsed)
         engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
-        _configure_sqlite(engine, readonly=False)
+        _configure_sqlite(engine, readonly=False, wal_lock=_wal_lock_path(parsed))
         return engine
     return create_engine(parsed, pool_pre_ping=True)
 
@@ -120,9 +127,22 @@ def _parse(url: str) -> URL:
     return parsed
 
 
-def _ensure_parent_dir(url: URL) -> None:
+def _file_database(url: URL) -> Path | None:
+    """The database file of a SQLite URL (None: in memory, or a `file:` URI left to SQLite)."""
     if url.database and url.database != ":memory:" and not url.database.startswith("file:"):
-        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        return Path(url.database)
+    return None
+
+
+def _ensure_parent_dir(url: URL) -> None:
+    database = _file_database(url)
+    if database is not None:
+        database.parent.mkdir(parents=True, exist_ok=True)
+
+
+def _wal_lock_path(url: URL) -> Path | None:
+    database = _file_database(url)
+    return database.with_name(f"{database.name}.lock") if database is not None else None
 
 
 def _sqlite_connect_ro(uri: str) -> Any:
@@ -131,7 +151,7 @@ def _sqlite_connect_ro(uri: str) -> Any:
     return sqlite3.connect(uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
 
 
-def _configure_sqlite(engine: Engine, *, readonly: bool) -> None:
+def _configure_sqlite(engine: Engine, *, readonly: bool, wal_lock: Path | None = None) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy, not the sqlite3 module, decide where transactions begin.
@@ -139,7 +159,7 @@ def _configure_sqlite(engine: Engine, *, readonly: bool) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
         if not readonly:
-            cursor.execute("PRAGMA journal_mode = WAL")
+            _switch_to_wal(cursor, wal_lock)
             cursor.execute("PRAGMA synchronous = NORMAL")
         else:
             cursor.execute("PRAGMA query_only = ON")
@@ -148,3 +168,45 @@ def _configure_sqlite(engine: Engine, *, readonly: bool) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
         conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+
+
+def _switch_to_wal(cursor: Any, lock_path: Path | None) -> None:
+    """Put the database in WAL mode, one connection at a time.
+
+    Switching a rollback-journal database (a new, empty store) to WAL takes a read lock, then
+    upgrades it to the exclusive lock. SQLite never calls the busy handler for that upgrade (two
+    connections each holding the read lock would wait on each other forever), so a connection
+    that switches at the same moment as another fails at once with "database is locked",
+    whatever the busy timeout: processes opening an empty store together collided. An exclusive
+    file lock beside the database makes the switches take turns; the later ones find WAL already
+    set. A database already in WAL (persistent in its header) needs neither switch nor lock.
+    """
+    if cursor.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+        return
+    with _exclusive_file_lock(lock_path):
+        cursor.execute("PRAGMA journal_mode = WAL")
+
+
+@contextlib.contextmanager
+def _exclusive_file_lock(path: Path | None) -> Iterator[None]:
+    """flock(2) on `path` across processes and threads, waiting up to the busy timeout."""
+    if path is None:  # in memory (nothing shared), or a `file:` URI whose path is left to SQLite
+        yield
+        return
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    with path.open("a") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise StoreError(
+                        f"{path} stayed locked for {SQLITE_BUSY_TIMEOUT_MS / 1000:.0f} s: another process "
+                        f"is stuck opening this event store; find it with `fuser {path}`, stop it, retry"
+                    ) from None
+                time.sleep(WAL_LOCK_POLL_S)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
+import sqlite3
 import threading
+from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -10,12 +13,12 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import DBAPIError
 
+from bench.eventgen import generate_events
 from streams.store import StoredEvent, load_offsets, open_readonly, open_store, write_batch
 from streams.store.migrate import current_revision, head_revision
 from streams.store.models import Base
 from streams.store.wire import to_wire
 from tests.store.batches import ends, positioned, write_in_batches
-from tests.store.eventgen import generate_events
 from tests.store.expect import assert_events_stored, assert_projections, rows, scalar
 
 PROJECTIONS = ("trajectories", "turns", "tool_calls", "sandbox_lifecycle", "weight_versions", "trainer_steps")
@@ -110,4 +113,40 @@ def test_processes_opening_an_empty_store_at_once_take_turns_migrating(db_url: s
     assert errors == []
     engine = open_store(db_url)
     assert current_revision(engine) == head_revision()
+    engine.dispose()
+
+
+def test_opening_an_empty_store_waits_for_a_connection_switching_it_to_wal(sqlite_url: str) -> None:
+    """The collision behind "database is locked" at start-up, made deterministic: another
+    connection is half-way through switching the new file to WAL (it holds the file's write lock,
+    as SQLite's switch does between its read lock and its exclusive lock). SQLite's busy timeout
+    does not cover that upgrade, so an open at that moment used to fail at once; now it waits on
+    the switch lock beside the database and then migrates."""
+    path = Path(sqlite_url.removeprefix("sqlite:///"))
+    switcher = sqlite3.connect(path, isolation_level=None)
+    errors: list[BaseException] = []
+
+    def open_and_close() -> None:
+        try:
+            open_store(sqlite_url).dispose()
+        except BaseException as error:
+            errors.append(error)
+
+    with path.with_name(f"{path.name}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the switch lock, held as every switching connection holds it
+        switcher.execute("BEGIN IMMEDIATE")  # the write lock of a switch in progress
+        opener = threading.Thread(target=open_and_close)
+        opener.start()
+        opener.join(timeout=1.5)
+        assert errors == [] and opener.is_alive(), f"the open did not wait for the switch: {errors}"
+        switcher.execute("COMMIT")
+        assert switcher.execute("PRAGMA journal_mode = WAL").fetchone() == ("wal",)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    opener.join(timeout=120)
+    switcher.close()
+    assert errors == [] and not opener.is_alive()
+    engine = open_store(sqlite_url)
+    assert current_revision(engine) == head_revision()
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
     engine.dispose()
