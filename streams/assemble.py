@@ -28,6 +28,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import Any, Protocol, TypeVar
 
 from streams.events import ROLLOUT_EVENT_TYPES, Event
 from streams.outcomes import Outcome
@@ -142,7 +143,25 @@ def check_event(event: Event) -> str | None:
     return None
 
 
-def dedupe_by_seq(events: Iterable[Event]) -> dict[int, Event]:
+class EventCopy(Protocol):
+    """What `dedupe_by_seq` reads of an event: an `Event`, or the store's `WireEvent` (same envelope)."""
+
+    @property
+    def id(self) -> Any: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def trajectory_id(self) -> str | None: ...
+    @property
+    def data(self) -> Any: ...
+
+
+CopyT = TypeVar("CopyT", bound=EventCopy)
+
+
+def dedupe_by_seq(events: Iterable[CopyT]) -> dict[int, CopyT]:
     """One event per seq, indexed by seq; two different ids at one seq is malformed.
 
     A rollout worker killed mid-episode leaves a partial copy that the re-run
@@ -150,11 +169,13 @@ def dedupe_by_seq(events: Iterable[Event]) -> dict[int, Event]:
     The copy written by the worker that finished the trajectory (the source of
     the first `trajectory.finished`) wins at every seq, and the killed run's
     events past the finished one are dropped, so two runs are never mixed.
+    The stream processor, replay and the SQL store's projections (`streams.store.writer`) all
+    choose with this function.
     """
     events = list(events)
     finished = next((e for e in events if isinstance(e.data, TrajectoryFinished)), None)
     finisher = finished.source if finished is not None else None
-    by_seq: dict[int, Event] = {}
+    by_seq: dict[int, CopyT] = {}
     for event in events:
         seen = by_seq.get(event.seq)
         if seen is None:

@@ -28,10 +28,11 @@ import bisect
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import chain
 
 from streams.assemble import MalformedTrajectory, Pending, Trajectory, check_event, fold_trajectory
 from streams.events import Event, event_id, make_event
-from streams.groups import Drop, Group, attempts_waiting, form_group
+from streams.groups import GroupResult, attempts_waiting, form_group
 from streams.payloads import (
     GroupFormed,
     Limits,
@@ -71,7 +72,9 @@ class _GroupState:
     run_id: str
     group_id: str
     task_id: str
-    events: dict[str, dict[int, Event]] = field(default_factory=dict)  # per trajectory, by seq
+    # per trajectory, by seq, every distinct copy in arrival order (one per source); which copy
+    # folds is `dedupe_by_seq`'s rule, applied by `fold_trajectory`
+    events: dict[str, dict[int, list[Event]]] = field(default_factory=dict)
     bad: set[str] = field(default_factory=set)  # malformed trajectories: later events are ignored
     attempts: dict[str, int] = field(default_factory=dict)
     done: dict[str, Trajectory] = field(default_factory=dict)
@@ -111,23 +114,22 @@ class StreamProcessor:
             state = self.groups[group_id] = _GroupState(event.run_id, group_id, event.task_id or "")
         if trajectory_id in state.done or trajectory_id in state.bad:
             return []
-        bucket = state.events.setdefault(trajectory_id, {})
-        seen = bucket.get(event.seq)
-        if seen is not None:  # a copy (same id), or a conflicting event at the same seq
-            if seen.id != event.id:
-                reason = f"two different events {seen.id} and {event.id} at seq {event.seq}"
+        copies = state.events.setdefault(trajectory_id, {}).setdefault(event.seq, [])
+        if copies:  # a copy (same id), or a conflicting event at the same seq
+            if copies[0].id != event.id:
+                reason = f"two different events {copies[0].id} and {event.id} at seq {event.seq}"
                 return self._give_up(state, trajectory_id, reason, event)
-            if seen.source == event.source:
+            if any(copy.source == event.source for copy in copies):
                 return []
-            # Otherwise a re-run after its worker was killed: the later run supersedes the
-            # partial copy (it may have sampled differently), as in `dedupe_by_seq`.
-        bucket[event.seq] = event
+            # Otherwise a re-run after its worker was killed: both copies are kept and the fold
+            # picks one by `dedupe_by_seq`'s rule (the finishing run's copy wins).
+        copies.append(event)
         if isinstance(event.data, TrajectoryStarted):
             state.attempts[trajectory_id] = event.data.attempt
             if state.started_ns is None or event.time_ns < state.started_ns:
                 state.started_ns = event.time_ns
         elif event.type == "trajectory.finished":
-            state.last_seq[trajectory_id] = event.seq
+            state.last_seq.setdefault(trajectory_id, event.seq)  # the first finish, as `dedupe_by_seq`
         return self._maybe_fold(state, trajectory_id, event)
 
     def _maybe_fold(self, state: _GroupState, trajectory_id: str, event: Event) -> list[Output]:
@@ -183,9 +185,9 @@ class StreamProcessor:
     # ---- internals ---------------------------------------------------------------
 
     def _try_fold(self, state: _GroupState, trajectory_id: str, trigger: Event) -> list[Output]:
-        events = state.events[trajectory_id]
+        copies = state.events[trajectory_id].values()
         try:
-            folded = fold_trajectory(events.values(), checked=True)
+            folded = fold_trajectory(chain.from_iterable(copies), checked=True)
         except MalformedTrajectory as error:
             return self._give_up(state, trajectory_id, error.reason, trigger)
         if isinstance(folded, Pending):
@@ -248,7 +250,7 @@ class StreamProcessor:
     # ---- records -----------------------------------------------------------------
 
     def trajectory_event(self, trajectory: Trajectory) -> Emit:
-        policy = {**self.policy.model_dump(), **trajectory.limits.model_dump()}
+        policy = policy_in_force(self.policy, trajectory.limits)
         # built without re-validating: every field comes from a validated fold, and validating the
         # token arrays again was a tenth of the worker's time (bench streams)
         data = TrajectoryAssembled.model_construct(
@@ -281,18 +283,17 @@ class StreamProcessor:
         )
         return Emit("trajectories", event)
 
-    def group_event(self, result: Group | Drop, limits: Limits) -> Emit:
+    def group_event(self, result: GroupResult, limits: Limits) -> Emit:
         """The `groups` record; its policy is the group policy with the episodes' length limits in force."""
-        kept = isinstance(result, Group)
         data = GroupFormed(
             members=[t.trajectory_id for t in result.members],
             rewards=list(result.rewards),
-            advantages=list(result.advantages) if kept else [0.0] * len(result.members),
-            loss_masked=list(result.loss_masked) if kept else [],
-            dropped=None if kept else result.reason,
+            advantages=list(result.advantages),
+            loss_masked=list(result.loss_masked),
+            dropped=result.dropped,
             infra_errors=result.infra_errors,
             oldest_version=max(result.oldest_version, 0),
-            policy={**result.policy.model_dump(), **limits.model_dump()},
+            policy=policy_in_force(result.policy, limits),
         )
         event = make_event(
             data,
@@ -306,3 +307,9 @@ class StreamProcessor:
             id_key=f"group:{result.group_id}",
         )
         return Emit("groups", event)
+
+
+def policy_in_force(policy: PolicySettings, limits: Limits) -> PolicySettings:
+    """The policy recorded on trajectories and groups: `policy` with the episode's length `limits`
+    (the limits an episode ran under win over the worker's own, which may have changed since)."""
+    return policy.model_copy(update=limits.model_dump())

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import random
 
+from bench.eventgen import NS, AttemptSpec, group_events, synthetic_run, trajectory_events, weights_event
 from streams.events import Event
 from streams.outcomes import Outcome
 from streams.payloads import GroupFormed, RolloutAbort, TrajectoryAssembled
 from streams.processor import Emit, Output, Rejected, StreamProcessor
 from streams.settings import PolicySettings
-from streams.synthetic import NS, AttemptSpec, group_events, synthetic_run, trajectory_events, weights_event
 
 POLICY = PolicySettings(group_size=4)
 
@@ -51,7 +51,7 @@ def test_recorded_run_gives_one_group_per_task_whatever_the_order() -> None:
     assert len(trajectories) == len({e.trajectory_id for e in events}) == len({e.id for e in trajectories})
     for group in expected.values():
         assert isinstance(group, GroupFormed)
-        assert group.policy["group_size"] == 4 and group.policy["overlong"] == "mask"
+        assert group.policy.group_size == 4 and group.policy.overlong == "mask"
 
 
 def test_missing_event_holds_the_group_until_it_arrives() -> None:
@@ -169,3 +169,21 @@ def test_rerun_after_a_killed_worker_supersedes_its_partial_copy() -> None:
 
     assert trajectories(out) == trajectories(alone)
     assert [e.data for e in _groups(out)] == [e.data for e in _groups(alone)]
+
+
+def test_killed_copy_arriving_after_the_rerun_does_not_replace_it() -> None:
+    """Copies interleaved (the re-run's events first, the killed run's late): the fold is the one
+    `dedupe_by_seq` makes, the finishing run's copy, as replay of the same events gives."""
+    specs = _specs()
+    killed = trajectory_events("run", "run/g0", AttemptSpec(0, 0, 6, Outcome.RESOLVED, 1.0, 0, group_size=4),
+                               source="rollout-dead")[:-2]  # fmt: skip
+    rerun = trajectory_events("run", "run/g0", specs[0], source="rollout-1")
+    others = [e for e in group_events("run", "run/g0", specs) if e.trajectory_id != rerun[0].trajectory_id]
+    out = _feed(StreamProcessor(POLICY), rerun[:-1] + killed + rerun[-1:] + others)
+    alone = _feed(StreamProcessor(POLICY), rerun + others)
+
+    def trajectories(o: list[Output]) -> dict:
+        return {x.event.id: x.event.data for x in o if isinstance(x, Emit) and x.topic == "trajectories"}
+
+    assert len(trajectories(alone)) == 4
+    assert trajectories(out) == trajectories(alone)
