@@ -46,27 +46,21 @@ at-least-once, restart without loss); `rollstream bench streams --trajectories
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
 import logging
-import re
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
-from streams.bus import Consumed, EventConsumer, EventProducer
-from streams.events import DecodeError, Event, decode_event, encode_event, make_event
-from streams.payloads import DeadLetterRecord
+from streams.bus import Consumed, EventConsumer, EventProducer, dead_letter, read_topic_ids
+from streams.events import Event, encode_event
 from streams.processor import Emit, Output, Rejected, StreamProcessor
 from streams.settings import KafkaSettings, PolicySettings, StreamWorkerSettings, TopicSettings
 from streams.topics import topic_name
 
 log = logging.getLogger(__name__)
-_ID_PREFIX = re.compile(rb'^\{"id":"([0-9a-f-]{36})"')
 
 
 @dataclass
@@ -186,7 +180,7 @@ class StreamWorker:
 
     async def _refresh_emitted(self) -> None:
         for short in ("groups", "trajectories"):
-            ids = await self._read_back_ids(short)
+            ids = await read_topic_ids(self.kafka, self.topics, short, idle_s=self.settings.readback_idle_s)
             self.stats.skipped_on_start += len(ids - self.processor.emitted)
             self.processor.emitted |= ids
 
@@ -218,24 +212,11 @@ class StreamWorker:
 
     def _dead_letter(self, record: Consumed, rejected: Rejected) -> Event:
         event = rejected.event
-        data = DeadLetterRecord(
-            reason=rejected.reason,
-            topic=topic_name(self.topics, record.topic),
-            partition=record.partition,
-            offset=record.offset,
-            key_b64=base64.b64encode(event.key).decode() if event.key else None,
-            value_b64=base64.b64encode(encode_event(event)).decode(),
-            consumer=self.name,
-        )
-        return make_event(
-            data,
-            run_id=event.run_id,
-            seq=record.offset,
+        return dead_letter(
+            topic_name(self.topics, record.topic), record.partition, record.offset, event.key,
+            encode_event(event), reason=rejected.reason, consumer=self.name, group_id=event.group_id,
             time_ns=self.clock_ns(),
-            source=self.name,
-            group_id=event.group_id,
-            id_key=f"deadletter:{record.topic}:{record.partition}",
-        )
+        )  # fmt: skip
 
     def commit_offsets(self) -> dict[tuple[str, int], int]:
         """Per partition: the first offset of the oldest open group there, else past the last consumed."""
@@ -257,22 +238,6 @@ class StreamWorker:
             # a rebalance is under way: the revoke callback commits once this batch is done
             log.info("commit skipped during a rebalance: %s", error)
 
-    async def _read_back_ids(self, short: str) -> set[uuid.UUID]:
-        """Ids of every record already on `short` (our earlier output), read without full decoding."""
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.kafka.bootstrap,
-            enable_auto_commit=False,
-            group_id=None,
-            client_id=f"{self.name}-readback",
-            fetch_max_bytes=self.kafka.max_request_size * 4,
-            max_partition_fetch_bytes=self.kafka.max_request_size,
-        )
-        await consumer.start()
-        try:
-            return await _drain_ids(consumer, topic_name(self.topics, short), self.settings.readback_idle_s)
-        finally:
-            await consumer.stop()
-
 
 class _Rebalance(ConsumerRebalanceListener):
     """Hands partition moves to the worker (flush + commit before, forget + read back after)."""
@@ -285,28 +250,3 @@ class _Rebalance(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         await self.worker.on_assigned({tp.partition for tp in assigned})
-
-
-async def _drain_ids(consumer: AIOKafkaConsumer, topic: str, idle_s: float) -> set[uuid.UUID]:
-    await consumer._client.force_metadata_update()  # a fresh consumer does not know the topic yet
-    partitions = [TopicPartition(topic, p) for p in (consumer.partitions_for_topic(topic) or set())]
-    consumer.assign(partitions)
-    await consumer.seek_to_beginning(*partitions)
-    end = await consumer.end_offsets(partitions)
-    remaining = {tp for tp in partitions if end[tp] > 0}
-    ids: set[uuid.UUID] = set()
-    while remaining:
-        fetched = await consumer.getmany(*remaining, timeout_ms=int(idle_s * 1000))
-        if not fetched:
-            break
-        for tp, records in fetched.items():
-            for record in records:
-                match = _ID_PREFIX.match(record.value or b"")
-                if match:
-                    ids.add(uuid.UUID(match.group(1).decode()))
-                else:
-                    with contextlib.suppress(DecodeError):  # not ours to judge: its consumers dead-letter it
-                        ids.add(decode_event(record.value or b"").id)
-            if records and records[-1].offset + 1 >= end[tp]:
-                remaining.discard(tp)
-    return ids

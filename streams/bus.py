@@ -5,7 +5,8 @@ partition and offset. A record that is not a valid event (not JSON, unknown type
 schema violation) becomes a `deadletter.record` event on `deadletter` (reason,
 source topic, partition, offset, original bytes) and is skipped; `commit` first
 makes sure those dead letters are acked, so no bad record is lost by committing
-past it. `read_topic` reads a whole topic from offset 0 to its current end.
+past it. `read_topic` reads a whole topic from offset 0 to its current end;
+`read_topic_ids` reads only the event ids of one (the stream worker's read-back).
 """
 
 from __future__ import annotations
@@ -15,14 +16,17 @@ import contextlib
 import gc
 import json
 import logging
+import re
 import time
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
-from streams.events import DecodeError, Event, make_event
+from streams.aiokafka_private import refresh_metadata
+from streams.events import DecodeError, Event, decode_event, make_event
 from streams.fast_decode import decode_event_fast
 from streams.payloads import DeadLetterRecord
 from streams.producer import BusError, EventProducer
@@ -40,9 +44,11 @@ __all__ = [
     "dead_letter_event",
     "raw_consumer",
     "read_topic",
+    "read_topic_ids",
 ]
 
 logger = logging.getLogger(__name__)
+_ID_PREFIX = re.compile(rb'^\{"id":"([0-9a-f-]{36})"')  # `encode_event` writes the id first
 
 
 @dataclass(frozen=True)
@@ -65,14 +71,17 @@ class EventConsumer:
         group_id: str | None,
         name: str,
         from_beginning: bool = True,
+        subscribe: bool = True,
     ) -> None:
+        """`subscribe=False`: nothing is subscribed; the caller assigns partitions by hand
+        (`consumer.assign`, then seeks), as the trainer does to resume at checkpointed offsets."""
         self._kafka = kafka
         self._topics = topics
         self._names = [topic_name(topics, short) for short in shorts]
         self._short = {topic_name(topics, short): short for short in shorts}
         self._group_id = group_id
         self.name = name
-        self.consumer = raw_consumer(kafka, self._names, group_id, name, from_beginning)
+        self.consumer = raw_consumer(kafka, self._names if subscribe else [], group_id, name, from_beginning)
         self._positions: dict[TopicPartition, int] = {}
         self._deadletters: EventProducer | None = None
         self.dead_lettered = 0
@@ -161,10 +170,21 @@ def dead_letter_event(record: ConsumerRecord[bytes, bytes], reason: str, consume
 
 
 def dead_letter(
-    topic: str, partition: int, offset: int, key: bytes | None, value: bytes, *, reason: str, consumer: str
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    value: bytes,
+    *,
+    reason: str,
+    consumer: str,
+    group_id: str | None = None,
+    time_ns: int | None = None,
 ) -> Event:
     """The `deadletter.record` event for the record at `topic` (full name) [`partition`] @ `offset`:
-    one that could not be read, or a valid event that no consumer can act on."""
+    one that could not be read, or a valid event that no consumer can act on (its `group_id`, when
+    known, keeps the dead letter on its group's partition). The id depends on topic, partition and
+    offset only, so dead-lettering the same record again after a restart writes the same event."""
     data = DeadLetterRecord(
         reason=reason,
         topic=topic,
@@ -178,8 +198,9 @@ def dead_letter(
         data,
         run_id=_run_id_of(value),
         seq=offset,
-        time_ns=time.time_ns(),
+        time_ns=time.time_ns() if time_ns is None else time_ns,
         source=consumer,
+        group_id=group_id,
         id_key=f"deadletter:{topic}:{partition}",
     )
 
@@ -219,6 +240,35 @@ async def read_topic(
 
     Stops when every partition reached that end, or when nothing arrived for `idle_s`.
     Undecodable records are skipped (the live consumers dead-letter them)."""
+    out: list[Consumed] = []
+    async for records in _read_whole(kafka, topics, short, idle_s):
+        out.extend(_decoded(records, short))
+    return out
+
+
+async def read_topic_ids(
+    kafka: KafkaSettings, topics: TopicSettings, short: str, *, idle_s: float = 1.0
+) -> set[uuid.UUID]:
+    """The ids of every record of `short`, read as `read_topic` reads, without decoding payloads
+    (a record whose id is not where `encode_event` writes it is decoded; undecodable ones skipped)."""
+    ids: set[uuid.UUID] = set()
+    async for records in _read_whole(kafka, topics, short, idle_s):
+        for record in records:
+            value = record.value or b""
+            match = _ID_PREFIX.match(value)
+            if match:
+                ids.add(uuid.UUID(match.group(1).decode()))
+            else:
+                with contextlib.suppress(DecodeError):  # not ours to judge: its consumers dead-letter it
+                    ids.add(decode_event(value).id)
+    return ids
+
+
+async def _read_whole(
+    kafka: KafkaSettings, topics: TopicSettings, short: str, idle_s: float
+) -> AsyncIterator[list[ConsumerRecord[bytes, bytes]]]:
+    """Batches of `short`'s records from offset 0 until every partition reached its end as of the
+    call, or nothing arrived for `idle_s`."""
     name = topic_name(topics, short)
     consumer = raw_consumer(kafka, [], None, f"read-{short}", True)
     await consumer.start()
@@ -228,7 +278,6 @@ async def read_topic(
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
-        out: list[Consumed] = []
         last_progress = time.monotonic()
         while await behind(consumer, ends):
             fetched = await consumer.getmany(*tps, timeout_ms=int(idle_s * 1000), max_records=10_000)
@@ -237,8 +286,7 @@ async def read_topic(
             elif time.monotonic() - last_progress >= idle_s:
                 break
             for records in fetched.values():
-                out.extend(_decoded(records, short))
-        return out
+                yield records
     finally:
         await consumer.stop()
 
@@ -262,7 +310,7 @@ async def behind(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) ->
 
 
 async def _partitions(consumer: AIOKafkaConsumer, name: str) -> set[int]:
-    await consumer._client.force_metadata_update()  # a fresh consumer may not know the topic yet
+    await refresh_metadata(consumer)  # a fresh consumer may not know the topic yet
     found = consumer.partitions_for_topic(name)
     if not found:
         raise BusError(f"topic {name} does not exist; create it with `rollstream topics create`")

@@ -21,8 +21,8 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
-from aiokafka.producer.message_accumulator import BatchBuilder
 
+from streams.aiokafka_private import BatchBuilder
 from streams.events import Event, encode_event
 from streams.settings import KafkaSettings, TopicSettings
 from streams.topics import COMPACTED, topic_name

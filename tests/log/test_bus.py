@@ -10,11 +10,11 @@ from collections import defaultdict
 import pytest
 from aiokafka import ConsumerRecord
 
+from bench.eventgen import sample_event
 from rollstream.config import Config
 from streams.bus import Consumed, EventConsumer, EventProducer, read_topic
 from streams.events import PAYLOADS, ROLLOUT_EVENT_TYPES, DecodeError, Event, decode_event, encode_event
 from streams.fast_decode import decode_event_fast
-from streams.sample_events import sample_event
 
 PER_TYPE = 10_000
 TOPIC_OF = {kind: "rollout.events" for kind in ROLLOUT_EVENT_TYPES} | {
