@@ -11,14 +11,16 @@ and only the required ones) and `compatibility_problems` decodes them with the
 current models (through the upcasters when the version is older). A new required
 field, a changed type or a removed field (payloads forbid unknown fields) shows
 up as a problem. `streams/schemas/examples/<type>.v<version>.json` keeps one real
-encoded event per type and version; `write_schemas` adds missing ones and never
-rewrites existing ones (they stand for data already on the log).
+encoded event per type and version; `write_schemas` adds missing ones (made by
+the `example_of` it is given: the CLI passes `bench.eventgen.sample_event`) and
+never rewrites existing ones (they stand for data already on the log).
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,6 @@ from streams.events import PAYLOADS, DecodeError, Event, decode_event, encode_ev
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 ENVELOPE = "envelope"
-EXAMPLE_TOKENS = 6
 
 
 def payload_schema(kind: str) -> dict[str, Any]:
@@ -54,8 +55,12 @@ def expected_files() -> dict[str, str]:
     return files
 
 
-def write_schemas(directory: Path = SCHEMA_DIR) -> list[Path]:
-    """Write every schema (and a missing example per type/version); return the files written."""
+ExampleOf = Callable[[str], Event]  # an example event of a type, from a generator outside streams/
+
+
+def write_schemas(directory: Path = SCHEMA_DIR, example_of: ExampleOf | None = None) -> list[Path]:
+    """Write every schema (and, given `example_of`, a missing example per type/version); return the
+    files written."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for name, content in expected_files().items():
@@ -65,11 +70,9 @@ def write_schemas(directory: Path = SCHEMA_DIR) -> list[Path]:
             written.append(path)
     for kind, model in PAYLOADS.items():
         example = directory / "examples" / f"{kind}.v{model.SCHEMA_VERSION}.json"
-        if not example.exists():
-            from streams.sample_events import sample_event
-
+        if example_of is not None and not example.exists():
             example.parent.mkdir(parents=True, exist_ok=True)
-            raw = json.loads(encode_event(sample_event(kind, 1, tokens=EXAMPLE_TOKENS)))
+            raw = json.loads(encode_event(example_of(kind)))
             example.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
             written.append(example)
     return written

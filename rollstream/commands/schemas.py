@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from bench.eventgen import sample_event
 from rollstream.commands.common import console, fail
 from streams.schema_files import (
     SCHEMA_DIR,
@@ -19,13 +20,14 @@ from streams.schema_files import (
 
 app = typer.Typer(help="JSON Schemas of the event types (streams/schemas).", no_args_is_help=True)
 
+EXAMPLE_TOKENS = 6  # token arrays of the committed example records stay short enough to read
 Directory = Annotated[Path, typer.Option("--dir", help="schema directory")]
 
 
 @app.command()
 def write(directory: Directory = SCHEMA_DIR) -> None:
     """Regenerate the schemas from the models (and add missing example records)."""
-    written = write_schemas(directory)
+    written = write_schemas(directory, example_of=lambda kind: sample_event(kind, 1, tokens=EXAMPLE_TOKENS))
     for path in written:
         console.print(f"wrote {path}")
     console.print(f"{len(written)} file(s) changed in {directory}")

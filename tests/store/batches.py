@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from bench.eventgen import short_topic
 from streams.events import Event
 from streams.store import StoredEvent, open_store, write_batch
 from streams.store.wire import to_wire
-from tests.store.eventgen import short_topic
 
 
 def positioned(events: list[Event], partitions: int = 3) -> list[StoredEvent]:

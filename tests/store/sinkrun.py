@@ -17,12 +17,12 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer
 from sqlalchemy import Engine, inspect, text
 
+from bench.eventgen import short_topic
 from rollstream.config import Config
 from streams.bus import EventProducer
 from streams.events import Event
 from streams.sink import sink_partitions
 from streams.store import StoreError, open_readonly
-from tests.store.eventgen import short_topic
 
 SINK_MAIN = "import typer; from rollstream.commands.sink import command; typer.run(command)"
 REPO = Path(__file__).resolve().parents[2]

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
+from bench.eventgen import AttemptSpec, trajectory_events
 from streams.assemble import MalformedTrajectory, Pending, Trajectory, check_event, fold_trajectory
 from streams.outcomes import Outcome
 from streams.payloads import TurnGenerated
-from streams.synthetic import AttemptSpec, trajectory_events
 
 
 def _events(turns: int = 3, **kw: object) -> list:

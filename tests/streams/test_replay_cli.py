@@ -12,6 +12,7 @@ import typer
 from sqlalchemy import text
 from typer.testing import CliRunner
 
+from bench.eventgen import synthetic_run, weights_event
 from rollstream.commands import replay, tail, whatif
 from rollstream.config import Config
 from streams import bus
@@ -20,7 +21,6 @@ from streams.events import Event, encode_event, make_event
 from streams.payloads import GroupFormed
 from streams.settings import PolicySettings
 from streams.store import open_store
-from streams.synthetic import synthetic_run, weights_event
 
 RUN = "run-replay"
 app = typer.Typer()  # only this area's commands: the test does not depend on every other command importing

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.eventgen import AttemptSpec, group_events, synthetic_run, trajectory_events
 from rollstream.config import Config
 from streams import bus
 from streams.app import StreamWorker
@@ -24,7 +25,6 @@ from streams.outcomes import Outcome
 from streams.payloads import RolloutAbort
 from streams.processor import Emit, StreamProcessor
 from streams.settings import PolicySettings
-from streams.synthetic import AttemptSpec, group_events, synthetic_run, trajectory_events
 
 # `rollstream worker` alone, so the test does not depend on every other command importing
 WORKER = [

@@ -1,21 +1,16 @@
-"""Synthetic rollout event streams, shaped like the rollout worker's (for tests and benchmarks).
-
-`trajectory_events(...)` writes one episode as the rollout worker does: started,
-sandbox requested/ready (or failed, for an infrastructure error), per turn a
-`turn.generated` and a `tool.executed`, `tests.ran`, sandbox released, finished;
-seqs are gap-free and ids deterministic. `synthetic_run(...)` draws a whole run
-with a realistic mix of outcomes (resolved, unresolved, truncated, infra errors
-that are re-run). Pure: times come from the arguments, randomness from a seed.
-"""
+"""Episodes and runs as the rollout worker writes them, and a run of every stored type
+(see `bench.eventgen`). Pure: times come from the arguments, randomness from seeds."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 
 from streams.events import Event, make_event
 from streams.outcomes import Outcome
 from streams.payloads import (
+    GroupFormed,
     Limits,
     Payload,
     SandboxFailed,
@@ -24,11 +19,15 @@ from streams.payloads import (
     SandboxRequested,
     TestsRan,
     ToolExecuted,
+    TrainerStep,
     TrajectoryFinished,
     TrajectoryStarted,
     TurnGenerated,
     WeightsPublished,
 )
+from streams.settings import PolicySettings
+
+# ---- episodes and runs, as the rollout worker writes them ------------------------
 
 NS = 1_000_000_000
 VOCAB = 32_000
@@ -291,4 +290,89 @@ def weights_event(run_id: str, version: int, time_ns: int) -> Event:
         time_ns=time_ns,
         source="trainer",
         id_key=f"weights:{run_id}",
+    )
+
+
+# ---- every stored type: the store and sink tests ------------------------------------
+
+STORE_RUN_ID = "run-test"
+STORE_T0_NS = 1_790_000_000 * NS
+STORE_GROUP_SIZE = 4
+TOPIC_OF_TYPE = {
+    "weights.published": "weights.history",
+    "trainer.step": "trainer.steps",
+    "group.formed": "groups",
+}
+
+
+def short_topic(event: Event) -> str:
+    """The short topic `event` belongs on."""
+    return TOPIC_OF_TYPE.get(event.type, "rollout.events")
+
+
+def generate_events(n: int, seed: int = 7, run_id: str = STORE_RUN_ID) -> list[Event]:
+    """Exactly `n` events of every stored type (the last group may be cut short): groups of
+    `random_attempts` episodes, a `group.formed` after each, a step and a weight version every 3."""
+    rng = random.Random(seed)
+    events: list[Event] = []
+    version = 0
+    for index in itertools.count():
+        group_id = f"{run_id}/g{index:05d}"
+        t0_ns = STORE_T0_NS + index * 60 * NS
+        max_turns = rng.choice([4, 12])
+        specs = random_attempts(rng, STORE_GROUP_SIZE, max_turns=max_turns, version=version, infra_rate=0.05)
+        episodes = group_events(run_id, group_id, specs, t0_ns=t0_ns, limits=Limits(max_turns=max_turns))
+        events += episodes
+        events.append(_group_formed(run_id, group_id, episodes, version))
+        if index % 3 == 2:
+            version += 1
+            last_ns = events[-1].time_ns
+            events += [
+                _trainer_step(rng, run_id, version, last_ns + NS),
+                weights_event(run_id, version, last_ns + 2 * NS),
+            ]
+        if len(events) >= n:
+            return events[:n]
+    raise AssertionError("unreachable: the run is endless")
+
+
+def _group_formed(run_id: str, group_id: str, episodes: list[Event], version: int) -> Event:
+    finished = [e for e in episodes if isinstance(e.data, TrajectoryFinished) and e.data.reward is not None]
+    rewards = [e.data.reward or 0.0 for e in finished]  # type: ignore[union-attr]
+    return make_event(
+        GroupFormed(
+            members=[e.trajectory_id or "" for e in finished],
+            rewards=rewards,
+            advantages=[r - 0.5 for r in rewards],
+            policy=PolicySettings(),
+        ),
+        run_id=run_id,
+        seq=0,
+        time_ns=max(e.time_ns for e in episodes) + 1,
+        source="streams-0",
+        group_id=group_id,
+        task_id=group_id.split("/")[-1],
+        id_key=f"group:{group_id}",
+        policy_version=version,
+    )
+
+
+def _trainer_step(rng: random.Random, run_id: str, version: int, time_ns: int) -> Event:
+    return make_event(
+        TrainerStep(
+            step=version,
+            version=version,
+            groups=3,
+            trajectories=3 * STORE_GROUP_SIZE,
+            loss=rng.uniform(-0.1, 0.1),
+            grad_norm=rng.uniform(0.01, 0.3),
+            mean_logprob_diff=rng.uniform(0.005, 0.02),
+            ess=rng.uniform(0.85, 0.99),
+        ),
+        run_id=run_id,
+        seq=version,
+        time_ns=time_ns,
+        source="trainer",
+        policy_version=version,
+        id_key="trainer:steps",
     )

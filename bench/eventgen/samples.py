@@ -1,9 +1,4 @@
-"""Realistic sample events of every type, deterministic from (kind, index, tokens).
-
-Used by the bus benchmark (a mix whose turn.generated events carry a few hundred
-tokens with logprobs), the bus tests (10,000 events of every type) and the
-committed schema examples. Nothing here touches Kafka.
-"""
+"""One plausible event of any type, deterministic from (kind, index, tokens) (see `bench.eventgen`)."""
 
 from __future__ import annotations
 
@@ -23,6 +18,7 @@ from streams.payloads import (
     SandboxReady,
     SandboxReleased,
     SandboxRequested,
+    StepTimes,
     TestsRan,
     TimeBreakdown,
     ToolExecuted,
@@ -33,6 +29,7 @@ from streams.payloads import (
     TurnGenerated,
     WeightsPublished,
 )
+from streams.settings import PolicySettings
 
 # A rollout-heavy mix: per episode one start, a sandbox lifecycle, many turns and tool calls.
 BENCH_MIX: dict[str, int] = {
@@ -48,9 +45,7 @@ BENCH_MIX: dict[str, int] = {
     "trainer.step": 1,
 }
 TIMES = TimeBreakdown(llm_s=41.5, tool_s=12.25, sandbox_start_s=3.5, tests_s=8.0, total_s=66.0)
-POLICY: dict[str, float | int | str | bool | None] = {
-    "max_turns": 80, "max_staleness": 4, "overlong": "mask", "drop_zero_variance": True,
-}  # fmt: skip
+POLICY = PolicySettings(max_turns=80, max_staleness=4, overlong="mask", drop_zero_variance=True)
 OUTPUT = "FAILED tests/test_core.py::test_parse - AssertionError: expected 3 got 4\n" * 12
 
 
@@ -145,7 +140,7 @@ def _derived_payload(kind: str, i: int, tokens: int, rng: random.Random) -> Payl
             loss=0.01,
             grad_norm=0.07,
             ess=0.93,
-            times={"forward_s": 1.5, "backward_s": 2.5},
+            times=StepTimes(wait_s=0.5, logprob_s=1.5, update_s=2.5, publish_s=0.5, total_s=5.0),
         ),
         "deadletter.record": lambda: DeadLetterRecord(
             reason="not JSON",
@@ -161,7 +156,7 @@ def _derived_payload(kind: str, i: int, tokens: int, rng: random.Random) -> Payl
 
 
 def _assembled(
-    rng: random.Random, i: int, tokens: int, times: TimeBreakdown, policy: dict[str, object]
+    rng: random.Random, i: int, tokens: int, times: TimeBreakdown, policy: PolicySettings
 ) -> TrajectoryAssembled:
     total = tokens * 3
     mask = [0] * tokens + [1] * (total - tokens)
@@ -178,7 +173,7 @@ def _assembled(
         generated_tokens=total - tokens,
         context_tokens=total,
         times=times,
-        policy=policy,  # type: ignore[arg-type]
+        policy=policy,
     )
 
 
