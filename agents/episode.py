@@ -12,7 +12,8 @@ loss mask 0; empty on turn 1) and the engine's output ids, logprobs and versions
 exactly as returned. The context sent to the engine is always prompt + the
 concatenation of those arrays.
 
-How it ends (`trajectory.finished.outcome`):
+How it ends (`trajectory.finished.outcome`; each step returns an `Ending` value rather
+than raising, so `run` reads top-down: start, sandbox, turns, verifier, finish):
 - the agent submits, or makes `max_format_errors` format errors in a row: the
   verifier decides `resolved` (reward >= 1) or `unresolved`;
 - a length control (`agents.limits`) stops it: `truncated:turns|tokens|context`,
@@ -139,13 +140,25 @@ class _Counters:
     queue_s: float = 0.0
 
 
-class _Ended(Exception):
-    """Raised inside the body to end the episode with an outcome and no verifier."""
+@dataclass(frozen=True)
+class Ending:
+    """How an episode ended: `trajectory.finished`'s outcome, reward and error.
 
-    def __init__(self, outcome: Outcome, error: str | None = None) -> None:
-        super().__init__(error or str(outcome))
-        self.outcome = outcome
-        self.error = error
+    Every step returns one instead of raising: an infrastructure failure (reward None, no
+    verifier), a length control or the agent time budget (the verifier still runs and gives
+    the reward), the deadline abort (reward 0, no verifier)."""
+
+    outcome: Outcome
+    reward: float | None = None
+    error: str | None = None
+
+    @classmethod
+    def judged(cls, stopped: Ending | None, verdict: Verdict) -> Ending:
+        """The verifier's ending: a length control or the time budget that stopped the turns keeps
+        its outcome; when the agent submitted (`stopped` None) the reward decides resolved (>= 1)."""
+        if stopped is not None:
+            return cls(stopped.outcome, verdict.reward, stopped.error)
+        return cls(Outcome.RESOLVED if verdict.reward >= 1.0 else Outcome.UNRESOLVED, verdict.reward)
 
 
 class Episode:
@@ -184,12 +197,15 @@ class Episode:
             attempt=s.attempt, retry=s.retry, group_size=s.group_size, limits=s.limits,
             prompt_token_ids=prompt,
         ))  # fmt: skip
-        outcome, reward, error = await self._run_cancellable()
-        return await self._finish(outcome, reward, error, time.monotonic() - started)
+        ending = await self._run_cancellable()
+        return await self._finish(ending, time.monotonic() - started)
 
-    async def _run_cancellable(self) -> tuple[Outcome, float | None, str | None]:
+    def _deadline_ending(self) -> Ending:
+        return Ending(Outcome.TRUNCATED_DEADLINE, 0.0, f"aborted: {self.aborted}")
+
+    async def _run_cancellable(self) -> Ending:
         if self.aborted is not None:
-            return Outcome.TRUNCATED_DEADLINE, 0.0, f"aborted: {self.aborted}"
+            return self._deadline_ending()
         self._cancellable = True
         try:
             return await self._in_sandbox()
@@ -198,7 +214,7 @@ class Episode:
                 raise  # shutdown: write nothing more
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             await self._abort_in_flight()
-            return Outcome.TRUNCATED_DEADLINE, 0.0, f"aborted: {self.aborted}"
+            return self._deadline_ending()
         finally:
             self._cancellable = False
 
@@ -210,7 +226,7 @@ class Episode:
 
     # ---- sandbox ------------------------------------------------------------------
 
-    async def _in_sandbox(self) -> tuple[Outcome, float | None, str | None]:
+    async def _in_sandbox(self) -> Ending:
         backend = self.services.backend
         await self._emit(SandboxRequested(backend=backend))
         box: Sandbox | None = None
@@ -223,9 +239,7 @@ class Episode:
         except SandboxError as error:
             kind = error.kind if box is None or error.kind != "sandbox_start" else "sandbox_lost"
             await self._emit(SandboxFailed(backend=backend, error_kind=kind, message=str(error)))
-            return infra_outcome(kind), None, f"{type(error).__name__}: {error}"
-        except _Ended as ended:
-            return ended.outcome, None, ended.error
+            return Ending(infra_outcome(kind), None, f"{type(error).__name__}: {error}")
         finally:
             if box is not None and ready_at and (self.aborted is not None or not self._cancelled()):
                 lifetime = time.monotonic() - ready_at
@@ -244,21 +258,22 @@ class Episode:
             start_s=max(timings.start_s, 0.0),
         ))  # fmt: skip
 
-    async def _episode(self, box: Sandbox) -> tuple[Outcome, float | None, str | None]:
+    async def _episode(self, box: Sandbox) -> Ending:
         """Turns until an end, then the verifier (except on infrastructure errors)."""
-        ended_by = await self._turns(box)
+        stopped = await self._turns(box)
+        if stopped is not None and stopped.outcome.is_infra_error:
+            return stopped  # the infrastructure's fault: no verifier, never a score
         verdict = await self._verify(box)
-        if ended_by is not None:
-            return ended_by, verdict.reward, None
-        outcome = Outcome.RESOLVED if verdict.reward >= 1.0 else Outcome.UNRESOLVED
-        return outcome, verdict.reward, None
+        if isinstance(verdict, Ending):
+            return verdict
+        return Ending.judged(stopped, verdict)
 
-    async def _verify(self, box: Sandbox) -> Verdict:
+    async def _verify(self, box: Sandbox) -> Verdict | Ending:
         t0 = time.monotonic()
         try:
             verdict = await self.services.verifier(box, self.spec.task)
         except VerifierError as error:  # other sandbox errors are the sandbox's: sandbox.failed
-            raise _Ended(Outcome.INFRA_VERIFIER, f"verifier: {error}") from None
+            return Ending(Outcome.INFRA_VERIFIER, None, f"verifier: {error}")
         self.counters.tests_s = time.monotonic() - t0
         await self._emit(TestsRan(
             fail_to_pass=dict(verdict.fail_to_pass), pass_to_pass=dict(verdict.pass_to_pass),
@@ -268,24 +283,24 @@ class Episode:
 
     # ---- turns --------------------------------------------------------------------
 
-    async def _turns(self, box: Sandbox) -> Outcome | None:
-        """Run turns; None when the agent submitted (or gave up on format), else the cap hit."""
+    async def _turns(self, box: Sandbox) -> Ending | None:
+        """Run turns until one ends them: None when the agent submitted (or gave up on format),
+        else what stopped them (a `truncated:*` cap, or an engine failure)."""
         c = self.counters
         format_errors = 0
         self._agent_deadline = time.monotonic() + self.spec.task.agent_timeout_s
         while True:
             budget = next_call_budget(self.spec.limits, c.turns, c.generated, len(c.context))
             if budget.stop is not None:
-                return budget.stop
+                return Ending(budget.stop)
             if self._agent_time_left() <= 0:
-                return Outcome.TRUNCATED_TIME
-            try:
-                generation = await self._generate(budget)
-            except _TruncatedByEngine as refused:
-                return refused.outcome
+                return Ending(Outcome.TRUNCATED_TIME)
+            generation = await self._generate(budget)
+            if isinstance(generation, Ending):
+                return generation
             capped = stop_after_call(budget, len(generation.output_ids), generation.finish_reason)
             if capped is not None:
-                return capped
+                return Ending(capped)
             text = self.services.chat.reply_text(generation.output_ids)
             reply = parse_reply(text, self.services.agent.submit_command)
             if isinstance(reply, FormatError):
@@ -298,7 +313,9 @@ class Episode:
             if await self._act(box, reply, generation):
                 return None
 
-    async def _generate(self, budget: CallBudget) -> Generation:
+    async def _generate(self, budget: CallBudget) -> Generation | Ending:
+        """The next turn's generation, or how the engine ended the episode (a refused context is
+        `truncated:context`, a length control; anything else an infrastructure error)."""
         c = self.counters
         turn = c.turns + 1
         agent = self.services.agent
@@ -314,14 +331,12 @@ class Episode:
         except EngineError as error:
             self._rid = None
             outcome = ENGINE_ERROR_OUTCOMES.get(error.kind, Outcome.INFRA_ENGINE)
-            if outcome.is_truncated:
-                raise _TruncatedByEngine(outcome) from None
-            raise _Ended(outcome, str(error)) from None
+            return Ending(outcome, None, None if outcome.is_truncated else str(error))
         finally:
             c.llm_s += time.monotonic() - t0
         self._rid = None
         if generation.finish_reason == "abort":
-            raise _Ended(Outcome.INFRA_ENGINE, "the engine aborted the request (not by this episode)")
+            return Ending(Outcome.INFRA_ENGINE, None, "the engine aborted the request (not by this episode)")
         c.turns = turn
         c.generated += len(generation.output_ids)
         observation, c.pending_observation = c.pending_observation, []
@@ -390,22 +405,17 @@ class Episode:
         # shielded: a deadline abort must not leave a seq half-written (gap or reuse)
         await asyncio.shield(self.sink.emit(event))
 
-    async def _finish(
-        self, outcome: Outcome, reward: float | None, error: str | None, total_s: float
-    ) -> TrajectoryFinished:
+    async def _finish(self, ending: Ending, total_s: float) -> TrajectoryFinished:
         c = self.counters
         times = TimeBreakdown(
             llm_s=c.llm_s, tool_s=c.tool_s, sandbox_start_s=c.sandbox_start_s, tests_s=c.tests_s,
             queue_s=c.queue_s, total_s=total_s,
         )  # fmt: skip
         finished = TrajectoryFinished(
-            outcome=outcome, reward=None if outcome.is_infra_error else reward, turns=c.turns,
-            generated_tokens=c.generated, context_tokens=len(c.context), last_seq=self.seq, error=error,
+            outcome=ending.outcome, reward=None if ending.outcome.is_infra_error else ending.reward,
+            turns=c.turns, generated_tokens=c.generated, context_tokens=len(c.context), last_seq=self.seq,
+            error=ending.error,
             times=times,
         )  # fmt: skip
         await self._emit(finished)
         return finished
-
-
-class _TruncatedByEngine(_Ended):
-    """The engine refused the context at its cap: a length control, so the verifier still runs."""

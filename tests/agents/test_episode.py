@@ -218,3 +218,17 @@ async def test_engine_errors_map_to_outcomes(
     assert (finished.outcome, finished.reward, finished.turns) == (outcome, reward, 1)
     assert ("tests.ran" in {e.type for e in sink.events}) == (reward is not None)  # caps are verified
     check_events(sink)
+
+
+async def test_verifier_failure_is_an_infra_error_and_the_sandbox_is_still_released(chat: ChatFormat) -> None:
+    async def crashing(box: Sandbox, task: Task) -> Verdict:
+        raise sandboxes.base.VerifierError("no reward file")
+
+    episode, sink = make_episode(chat, [bash(SUBMIT)])
+    episode.services = replace(episode.services, verifier=crashing)
+    finished = await episode.run()
+    assert (finished.outcome, finished.reward) == (Outcome.INFRA_VERIFIER, None)
+    assert finished.error is not None and "no reward file" in finished.error
+    assert "tests.ran" not in sink.types() and "sandbox.failed" not in sink.types()
+    assert sink.types()[-2:] == ["sandbox.released", "trajectory.finished"]
+    check_events(sink)
