@@ -111,7 +111,7 @@ def trajectory_rows(trajectories: Sequence[Event]) -> list[dict[str, Any]]:
         fields = data.model_dump(mode="python")
         row = {k: v.tolist() if isinstance(v, array) else v for k, v in fields.items()}
         row["times"] = data.times.model_dump()
-        row["policy"] = json.dumps(data.policy, sort_keys=True)
+        row["policy"] = json.dumps(data.policy.model_dump(), sort_keys=True)
         row["outcome"] = str(data.outcome)
         rows.append(
             {

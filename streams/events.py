@@ -41,6 +41,7 @@ from streams.payloads import (
     TurnGenerated,
     WeightsPublished,
 )
+from streams.settings import PolicySettings
 
 EVENT_NAMESPACE = uuid.UUID("5b0f3c1e-7d2a-4f4e-9a51-2c1d3e4f5a6b")
 
@@ -77,7 +78,28 @@ TYPE_OF: dict[type[Payload], str] = {cls: name for name, cls in PAYLOADS.items()
 CURRENT_VERSIONS: dict[str, int] = {kind: payload.SCHEMA_VERSION for kind, payload in PAYLOADS.items()}
 
 # (type, version written) -> function turning that version's `data` dict into the next version's.
-UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {}
+def _trainer_step_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 kept the time split as a free-form dict; v2 types it (unknown keys are dropped)."""
+    times = data.get("times") or {}
+    known = ("wait_s", "logprob_s", "update_s", "publish_s", "total_s")
+    return {**data, "times": {k: float(v) for k, v in times.items() if k in known}}
+
+
+def _policy_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """v1 of `group.formed` and `trajectory.assembled` kept the policy in force as a free-form dict;
+    v2 types it as `PolicySettings`: keys it does not know are dropped (v1 writers only wrote its
+    keys), missing ones take its defaults."""
+    policy = data.get("policy")
+    if not isinstance(policy, dict):
+        return data  # not a v1 record as written: validation says what is wrong
+    return {**data, "policy": {k: v for k, v in policy.items() if k in PolicySettings.model_fields}}
+
+
+UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
+    ("trainer.step", 1): _trainer_step_v1,
+    ("group.formed", 1): _policy_v1,
+    ("trajectory.assembled", 1): _policy_v1,
+}
 
 
 class DecodeError(ValueError):

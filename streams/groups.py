@@ -22,12 +22,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from streams.assemble import Trajectory
+from streams.payloads import DropReason
 from streams.settings import PolicySettings
 
 
 @dataclass(frozen=True)
-class Group:
-    """A kept group: valid members in attempt order with rewards and advantages."""
+class GroupResult:
+    """A formed group: valid members in attempt order with their rewards, and either advantages
+    (kept: `dropped` is None) or the reason it is not trained on (`dropped`, with `detail` saying
+    why; advantages are then all 0 and nothing is loss-masked)."""
 
     run_id: str
     group_id: str
@@ -41,24 +44,12 @@ class Group:
     latest_version: int
     finished_ns: int
     policy: PolicySettings
+    dropped: DropReason | None = None
+    detail: str = ""
 
-
-@dataclass(frozen=True)
-class Drop:
-    """A dropped group: `reason` is zero_variance | too_few_valid | stale; `detail` says why."""
-
-    run_id: str
-    group_id: str
-    task_id: str
-    reason: str
-    detail: str
-    members: tuple[Trajectory, ...]
-    rewards: tuple[float, ...]
-    infra_errors: int
-    oldest_version: int
-    latest_version: int
-    finished_ns: int
-    policy: PolicySettings
+    @property
+    def kept(self) -> bool:
+        return self.dropped is None
 
 
 def counted_attempts(trajectories: Iterable[Trajectory]) -> dict[int, Trajectory]:
@@ -113,7 +104,7 @@ def advantages(rewards: Sequence[float], policy: PolicySettings) -> list[float]:
 
 def form_group(
     trajectories: Sequence[Trajectory], policy: PolicySettings, latest_version: int
-) -> Group | Drop:
+) -> GroupResult:
     """The group of these trajectories (all retries of all attempts) under `policy`."""
     if not trajectories:
         raise ValueError("form_group needs at least one trajectory")
@@ -123,22 +114,31 @@ def form_group(
     members, rewards, masked = _apply_overlong([t for t in counted if t.is_scored], policy)
     oldest = min((t.oldest_version for t in members), default=latest_version)
     latest = max([latest_version, *(t.newest_version for t in members)])
-    common = {
-        "run_id": first.run_id,
-        "group_id": first.group_id,
-        "task_id": first.task_id,
-        "members": tuple(members),
-        "rewards": tuple(rewards),
-        "infra_errors": infra_errors,
-        "oldest_version": oldest,
-        "latest_version": latest,
-        "finished_ns": max(t.finished_ns for t in trajectories),
-        "policy": policy,
-    }
     dropped = _drop_reason(len(members), len(counted), infra_errors, rewards, oldest, latest, policy)
-    if dropped is not None:
-        return Drop(reason=dropped[0], detail=dropped[1], **common)
-    return Group(advantages=tuple(advantages(rewards, policy)), loss_masked=tuple(masked), **common)
+    reason, detail = dropped if dropped is not None else (None, "")
+    return GroupResult(
+        run_id=first.run_id,
+        group_id=first.group_id,
+        task_id=first.task_id,
+        members=tuple(members),
+        rewards=tuple(rewards),
+        advantages=(0.0,) * len(members) if dropped else tuple(advantages(rewards, policy)),
+        loss_masked=() if dropped else tuple(masked),
+        infra_errors=infra_errors,
+        oldest_version=oldest,
+        latest_version=latest,
+        finished_ns=max(t.finished_ns for t in trajectories),
+        policy=policy,
+        dropped=reason,
+        detail=detail,
+    )
+
+
+def is_stale(oldest_version: int, latest_version: int, max_staleness: int) -> bool:
+    """The staleness rule, one copy for the stream worker (at group time) and the trainer (at
+    batch time): more than `max_staleness` versions between the oldest token and the latest
+    version; a negative `max_staleness` turns the check off."""
+    return max_staleness >= 0 and latest_version - oldest_version > max_staleness
 
 
 def _drop_reason(
@@ -149,14 +149,14 @@ def _drop_reason(
     oldest: int,
     latest: int,
     policy: PolicySettings,
-) -> tuple[str, str] | None:
+) -> tuple[DropReason, str] | None:
     """(reason, detail) when the group is dropped, checked in order: too few valid, stale, zero variance."""
     if valid < policy.min_valid_attempts:
         return "too_few_valid", (
             f"{valid} valid of {attempts} attempts ({infra_errors} infra errors), "
             f"min_valid_attempts={policy.min_valid_attempts}"
         )
-    if policy.max_staleness >= 0 and latest - oldest > policy.max_staleness:
+    if is_stale(oldest, latest, policy.max_staleness):
         return (
             "stale",
             f"oldest token version {oldest}, latest {latest}, max_staleness={policy.max_staleness}",

@@ -8,12 +8,15 @@ write. Each class names its `SCHEMA_VERSION`; bump it and add an upcaster in
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from streams.outcomes import Outcome
 from streams.packed import Logprobs, LossMask, TokenIds, empty
+from streams.settings import PolicySettings
+
+DropReason = Literal["zero_variance", "too_few_valid", "stale"]  # why a group is not trained on
 
 
 class Payload(BaseModel):
@@ -128,8 +131,12 @@ class TrajectoryFinished(Payload):
 
 
 class TrajectoryAssembled(Payload):
-    """A folded trajectory (topic `trajectories`)."""
+    """A folded trajectory (topic `trajectories`).
 
+    v2: `policy` is typed (`PolicySettings`, the worker's with the episode's length limits);
+    v1 recorded it as a free-form dict (upcast in `streams.events.UPCASTERS`)."""
+
+    SCHEMA_VERSION: ClassVar[int] = 2
     attempt: int
     retry: int = 0
     outcome: Outcome
@@ -143,20 +150,25 @@ class TrajectoryAssembled(Payload):
     generated_tokens: int
     context_tokens: int
     times: TimeBreakdown
-    policy: dict[str, float | int | str | bool | None] = Field(description="policy settings in force")
+    policy: PolicySettings = Field(description="policies in force: the worker's, with the episode's limits")
 
 
 class GroupFormed(Payload):
-    """A GRPO group (topic `groups`): members with advantages, or a drop reason."""
+    """A GRPO group (topic `groups`): members with advantages, or a drop reason.
+
+    v2: `policy` is typed (`PolicySettings`, with the episodes' length limits) and `dropped` is
+    a `DropReason`; v1 had a free-form dict and string (upcast in `streams.events.UPCASTERS`)."""
+
+    SCHEMA_VERSION: ClassVar[int] = 2
 
     members: list[str] = Field(description="trajectory ids in attempt order")
     rewards: list[float]
     advantages: list[float]
     loss_masked: list[bool] = Field(default_factory=list, description="overlong members with loss masked")
-    dropped: str | None = Field(default=None, description="zero_variance | too_few_valid | stale | ...")
+    dropped: DropReason | None = Field(default=None, description="why it is not trained on; None = kept")
     infra_errors: int = 0
     oldest_version: int = 0
-    policy: dict[str, float | int | str | bool | None]
+    policy: PolicySettings = Field(description="policies in force: the worker's, with the episodes' limits")
 
 
 class RolloutRequested(Payload):
@@ -177,21 +189,53 @@ class RolloutAbort(Payload):
 
 
 class WeightsPublished(Payload):
+    """A new weight version (topics `weights`, compacted by run, and `weights.history`).
+
+    `path` is a complete Hugging Face model directory; `checksum` is
+    `trainer.versions.directory_sha256` of it, which an engine verifies before loading."""
+
     version: int = Field(ge=0)
     path: str
     step: int = 0
+    checksum: str = Field(default="", description="sha256 over the directory's files; empty = unchecked")
+
+
+class StepTimes(BaseModel):
+    """Seconds of one trainer step, by phase."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    wait_s: float = Field(default=0.0, ge=0, description="waiting for groups and their trajectories")
+    logprob_s: float = Field(default=0.0, ge=0, description="trainer logprobs under the behaviour weights")
+    update_s: float = Field(default=0.0, ge=0, description="forward/backward and optimiser step")
+    publish_s: float = Field(default=0.0, ge=0, description="writing, hashing and announcing the version")
+    total_s: float = Field(default=0.0, ge=0)
 
 
 class TrainerStep(Payload):
+    """One optimiser step (topic `trainer.steps`): what it trained on, its metrics, its time split."""
+
+    SCHEMA_VERSION: ClassVar[int] = 2
     step: int = Field(ge=0)
-    version: int = Field(ge=0)
+    version: int = Field(ge=0, description="the weight version this step produced")
+    mode: str = Field(default="rl", description="rl | sft")
     groups: int
     trajectories: int
+    group_ids: list[str] = Field(default_factory=list, description="groups trained on, in batch order")
     loss: float
-    grad_norm: float
-    mean_logprob_diff: float = 0.0
-    ess: float = 1.0
-    times: dict[str, float] = Field(default_factory=dict)
+    grad_norm: float = Field(description="global grad norm before clipping")
+    clip_frac_low: float = 0.0
+    clip_frac_high: float = 0.0
+    entropy: float = 0.0
+    mean_logprob_diff: float = Field(default=0.0, description="mean |logprob(trainer) - logprob(engine)|")
+    ess: float = Field(default=1.0, description="token-level ESS of importance weights, (Σw)²/(N·Σw²)")
+    ess_seq: float = Field(default=1.0, description="sequence-level ESS")
+    reward_mean: float = 0.0
+    zero_variance_groups: int = Field(default=0, description="seen since the last step")
+    stale_groups: int = Field(default=0, description="seen (or dropped here) since the last step")
+    staleness_mean: float = 0.0
+    staleness_max: int = 0
+    tokens: int = Field(default=0, description="loss-masked tokens trained")
+    times: StepTimes = Field(default_factory=StepTimes)
 
 
 class DeadLetterRecord(Payload):

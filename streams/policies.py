@@ -12,8 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from streams.events import Event, make_event
 from streams.outcomes import Outcome
@@ -24,14 +23,13 @@ LIMIT_KEYS = ("max_turns", "max_trajectory_tokens", "context_cap")
 
 
 def replay_policy(
-    recorded: Mapping[str, Any] | None, base: PolicySettings, explicit: set[str]
+    recorded: PolicySettings | None, base: PolicySettings, explicit: set[str]
 ) -> PolicySettings:
-    """The recorded policy with the explicitly set keys from `base` (unknown recorded keys ignored)."""
-    if not recorded:
+    """The recorded policy with the explicitly set keys from `base`; nothing recorded: `base`."""
+    if recorded is None:
         return base
-    known = {k: v for k, v in recorded.items() if k in PolicySettings.model_fields}
     chosen = base.model_dump()
-    return PolicySettings.model_validate({**chosen, **known, **{k: chosen[k] for k in explicit}})
+    return PolicySettings.model_validate({**recorded.model_dump(), **{k: chosen[k] for k in explicit}})
 
 
 def explicit_policy_keys(overrides: Sequence[str]) -> set[str]:

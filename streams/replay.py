@@ -2,7 +2,8 @@
 
 Sources: the topics from offset 0 (`load_from_topics`, via `streams.bus.read_topic`)
 or the SQL store's `events` table (`load_from_db`, plain SQL on the store's URL,
-so replay does not depend on the store's code). Either gives a `RecordedRun`:
+so replay does not depend on the store's code; the store keeps every run's copy
+of an event id, as the topics do, read back in Kafka order). Either gives a `RecordedRun`:
 the run's rollout events, its weight versions, and what the stream workers
 wrote (`trajectories`, `groups`) where the source has them.
 
@@ -50,10 +51,10 @@ class RecordedRun:
     trajectories: list[Event] = field(default_factory=list)
     groups: list[Event] = field(default_factory=list)
 
-    def recorded_policy(self) -> dict[str, Any] | None:
+    def recorded_policy(self) -> PolicySettings | None:
         """The policy the stream workers recorded on this run's first group, if any."""
         first = min(self.groups, key=lambda e: (e.time_ns, str(e.id)), default=None)
-        return dict(first.data.policy) if first is not None else None  # type: ignore[attr-defined]
+        return first.data.policy if first is not None else None  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -79,12 +80,18 @@ EVENT_COLUMNS = ", ".join((*Event.ENVELOPE_FIELDS, "data"))
 
 
 def load_from_db(url: str, run_id: str) -> RecordedRun:
-    """The run's events from the SQL store's `events` table (rollout events, weights, groups)."""
+    """The run's events from the SQL store's `events` table (rollout events, weights, groups).
+
+    Every copy the store holds (one per id and source), in the order the topics had them:
+    where a killed run and its re-run both finished a trajectory, the first one read wins."""
     engine = create_engine(url)
     try:
         with engine.connect() as connection:
             rows = connection.execute(
-                text(f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = :run ORDER BY time_ns, seq"),
+                text(
+                    f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = :run "
+                    "ORDER BY kafka_topic, kafka_partition, kafka_offset"
+                ),
                 {"run": run_id},
             ).mappings()
             events = [_event_of(row) for row in rows]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from bench.eventgen import AttemptSpec, trajectory_events
 from streams.assemble import Trajectory, fold_trajectory
-from streams.groups import Drop, Group, advantages, attempts_waiting, form_group
+from streams.groups import advantages, attempts_waiting, form_group
 from streams.outcomes import Outcome
 from streams.settings import PolicySettings
-from streams.synthetic import AttemptSpec, trajectory_events
 
 POLICY = PolicySettings(group_size=4)
 
@@ -34,7 +34,7 @@ def _mixed() -> list[Trajectory]:
 
 def test_kept_group_has_normalised_advantages() -> None:
     group = form_group(_mixed(), POLICY, latest_version=0)
-    assert isinstance(group, Group)
+    assert group.kept
     assert [t.attempt for t in group.members] == [0, 1, 2, 3]
     assert group.rewards == (1.0, 0.0, 1.0, 0.0)
     assert sum(group.advantages) == pytest.approx(0.0, abs=1e-9)
@@ -50,7 +50,7 @@ def test_infra_errors_are_rerun_and_never_in_rewards() -> None:
     rerun = _t(1, Outcome.UNRESOLVED, 0.0, retry=1)
     assert attempts_waiting([*base, rerun], POLICY) == []
     group = form_group([*base, rerun], POLICY, 0)
-    assert isinstance(group, Group)
+    assert group.kept
     assert [t.trajectory_id for t in group.members] == [
         "run/g0/a0r0",
         "run/g0/a1r1",
@@ -65,7 +65,7 @@ def test_exhausted_infra_attempt_is_settled_but_not_scored() -> None:
     members = [_t(0), *tries, _t(2), _t(3, Outcome.UNRESOLVED, 0.0)]
     assert attempts_waiting(members, POLICY) == []
     group = form_group(members, POLICY, 0)
-    assert isinstance(group, Group)
+    assert group.kept
     assert group.infra_errors == 3 and group.rewards == (1.0, 1.0, 0.0)
     assert all(t.is_scored for t in group.members)
 
@@ -73,16 +73,17 @@ def test_exhausted_infra_attempt_is_settled_but_not_scored() -> None:
 def test_too_few_valid() -> None:
     members = [_t(0)] + [_t(a, Outcome.INFRA_NETWORK, None, retry=2) for a in (1, 2, 3)]
     dropped = form_group(members, POLICY, 0)
-    assert isinstance(dropped, Drop) and dropped.reason == "too_few_valid"
+    assert dropped.dropped == "too_few_valid"
     assert dropped.rewards == (1.0,) and "min_valid_attempts=2" in dropped.detail
+    assert dropped.advantages == (0.0,) and dropped.loss_masked == ()  # a drop trains on nothing
 
 
 def test_zero_variance_dropped_unless_disabled() -> None:
     same = [_t(a, Outcome.UNRESOLVED, 0.0) for a in range(4)]
     dropped = form_group(same, POLICY, 0)
-    assert isinstance(dropped, Drop) and dropped.reason == "zero_variance"
+    assert dropped.dropped == "zero_variance"
     kept = form_group(same, PolicySettings(group_size=4, drop_zero_variance=False), 0)
-    assert isinstance(kept, Group) and kept.advantages == (0.0, 0.0, 0.0, 0.0)
+    assert kept.kept and kept.advantages == (0.0, 0.0, 0.0, 0.0)
 
 
 def test_stale_against_latest_version() -> None:
@@ -92,11 +93,11 @@ def test_stale_against_latest_version() -> None:
         _t(2, version=5),
         _t(3, version=5),
     ]
-    assert isinstance(form_group(members, POLICY, latest_version=7), Group)  # 7 - 3 = 4 <= 4
+    assert form_group(members, POLICY, latest_version=7).kept  # 7 - 3 = 4 <= 4
     dropped = form_group(members, POLICY, latest_version=8)
-    assert isinstance(dropped, Drop) and dropped.reason == "stale" and dropped.oldest_version == 3
+    assert dropped.dropped == "stale" and dropped.oldest_version == 3
     unlimited = PolicySettings(group_size=4, max_staleness=-1)
-    assert isinstance(form_group(members, unlimited, latest_version=100), Group)
+    assert form_group(members, unlimited, latest_version=100).kept
 
 
 @pytest.mark.parametrize(
@@ -115,7 +116,7 @@ def test_overlong_policies(overlong: str, rewards: tuple, masked: tuple | None) 
         _t(3, Outcome.UNRESOLVED, 0.0),
     ]
     group = form_group(members, PolicySettings(group_size=4, overlong=overlong), 0)  # type: ignore[arg-type]
-    assert isinstance(group, Group)
+    assert group.kept
     assert group.rewards == rewards
     if masked is not None:
         assert group.loss_masked == masked

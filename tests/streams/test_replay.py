@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.eventgen import AttemptSpec, group_events, synthetic_run, trajectory_events, weights_event
 from streams.assemble import Trajectory, fold_trajectory
 from streams.datasets import DatasetError, rl_rows, sft_rows, trajectory_rows, write_rows
 from streams.outcomes import Outcome
@@ -14,7 +15,6 @@ from streams.policies import cut_limits, explicit_policy_keys, replay_policy, tr
 from streams.processor import Emit, StreamProcessor
 from streams.replay import RecordedRun, by_trajectory, compare, replay
 from streams.settings import PolicySettings
-from streams.synthetic import AttemptSpec, group_events, synthetic_run, trajectory_events, weights_event
 from streams.tail import tail_figures, tail_share
 from streams.whatif import what_if
 
@@ -87,7 +87,7 @@ def test_explicit_keys_override_the_recorded_policy() -> None:
     keys = explicit_policy_keys(["policy.max_turns=40", "kafka.bootstrap=x", "policy.overlong=drop"])
     assert keys == {"max_turns", "overlong"}
     merged = replay_policy(
-        {"group_size": 4, "max_turns": 80}, PolicySettings(max_turns=40, overlong="drop"), keys
+        PolicySettings(group_size=4, max_turns=80), PolicySettings(max_turns=40, overlong="drop"), keys
     )
     assert (merged.group_size, merged.max_turns, merged.overlong) == (4, 40, "drop")
     assert cut_limits(merged, keys) == Limits(max_turns=40)
