@@ -20,6 +20,10 @@ Exactly once into SQL, whenever the process is killed (SIGKILL included):
 - Undecodable records go to `deadletter` (acknowledged) before the transaction
   that moves past them commits; after a crash they may be dead-lettered again,
   with the same dead-letter event id.
+- A record read twice is stored once (events are keyed by id and source); a
+  re-run's copy of a killed rollout worker's events is stored beside the partial
+  copy, and the projections show the run that finished the trajectory, chosen by
+  the same rule as the stream worker and replay (`streams.store.writer`).
 
 Database work runs in a worker thread, so the next batch is fetched and decoded
 while one commits (one commit in flight, in order).

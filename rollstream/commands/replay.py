@@ -5,7 +5,8 @@ its recorded policies (the ones on its groups), with any `--set policy.KEY=...`
 taking precedence, and writes the dataset. `--compare` replays with the recorded
 policies and lists every difference from the recorded `trajectories` and `groups`
 topics (exit 1 when there is any). `--from-db` reads the SQL store's `events`
-table instead of the topics.
+table instead of the topics: it keeps every run's copy of a trajectory (a killed
+rollout worker's partial copy and its re-run), so the replay is the same.
 """
 
 from __future__ import annotations

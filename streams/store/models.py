@@ -1,12 +1,15 @@
 """SQLAlchemy 2 models of the SQL event store: the `events` log and its projections.
 
-`events` holds every event the sink has read, deduplicated by event id, with the
-Kafka position it was read from (topic, partition, offset: unique together).
-The projections are folds of `events` that answer the common questions without
-parsing JSON: one row per trajectory, turn, tool call, sandbox, weight version
-and trainer step. `consumer_offsets` is the sink's position per partition, written
-in the same transaction as the rows, so the database (not Kafka) says where to
-resume.
+`events` holds every event the sink has read, one row per (event id, source), with
+the Kafka position it was read from (topic, partition, offset: unique together):
+a rollout worker killed mid-episode and its re-run write the same ids from two
+sources, and both copies are kept, as on the topics. The projections are folds of
+`events` that answer the common questions without parsing JSON: one row per
+trajectory, turn, tool call, sandbox, weight version and trainer step; a
+trajectory with copies from several runs shows the copy fold and replay choose
+(`streams.assemble.dedupe_by_seq`: the finishing run's). `consumer_offsets` is
+the sink's position per partition, written in the same transaction as the rows,
+so the database (not Kafka) says where to resume.
 
 The schema is created and changed only by the alembic migrations in
 `migrations/`; a test checks that these models and the migrated schema agree.
@@ -42,7 +45,9 @@ class Base(DeclarativeBase):
 
 
 class EventRow(Base):
-    """One event as it was on the wire; `data` is the payload's JSON (token arrays stay packed)."""
+    """One event as it was on the wire; `data` is the payload's JSON (token arrays stay packed).
+
+    Keyed by (id, source): an exact copy (same id, same writer) is stored once, a re-run's copy beside it."""
 
     __tablename__ = "events"
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -55,7 +60,7 @@ class EventRow(Base):
     seq: Mapped[int]
     policy_version: Mapped[int]
     time_ns: Mapped[int]
-    source: Mapped[str]
+    source: Mapped[str] = mapped_column(primary_key=True)
     causation_id: Mapped[str | None] = mapped_column(String(36))
     data: Mapped[dict[str, Any]]
     kafka_topic: Mapped[str]
@@ -200,10 +205,11 @@ class WeightVersion(Base):
     path: Mapped[str]
     published_ns: Mapped[int]
     source: Mapped[str]
+    checksum: Mapped[str]  # sha256 of the directory (trainer.versions.directory_sha256); '' = unchecked
 
 
 class TrainerStepRow(Base):
-    """One optimiser step (trainer.step) with its stability metrics and time breakdown."""
+    """One optimiser step (trainer.step, schema v2) with its stability metrics and time breakdown."""
 
     __tablename__ = "trainer_steps"
     run_id: Mapped[str] = mapped_column(primary_key=True)
@@ -218,6 +224,19 @@ class TrainerStepRow(Base):
     ess: Mapped[float]
     times: Mapped[dict[str, Any]]
     time_ns: Mapped[int]
+    # added by revision 0002 (TrainerStep v2)
+    mode: Mapped[str]
+    group_ids: Mapped[list[str]] = mapped_column(JsonData)
+    clip_frac_low: Mapped[float]
+    clip_frac_high: Mapped[float]
+    entropy: Mapped[float]
+    ess_seq: Mapped[float]
+    reward_mean: Mapped[float]
+    zero_variance_groups: Mapped[int]
+    stale_groups: Mapped[int]
+    staleness_mean: Mapped[float]
+    staleness_max: Mapped[int]
+    tokens: Mapped[int]
 
 
 class ConsumerOffset(Base):

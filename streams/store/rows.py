@@ -222,6 +222,7 @@ def _weights_published(event: WireEvent) -> list[ProjectionRow]:
         "path": data.path,
         "published_ns": event.time_ns,
         "source": event.source,
+        "checksum": data.checksum,
     }
     return [ProjectionRow("weight_versions", ("run_id", "version"), values)]
 
@@ -239,8 +240,20 @@ def _trainer_step(event: WireEvent) -> list[ProjectionRow]:
         "grad_norm": data.grad_norm,
         "mean_logprob_diff": data.mean_logprob_diff,
         "ess": data.ess,
-        "times": json.dumps(data.times),
+        "times": json.dumps(data.times.model_dump()),
         "time_ns": event.time_ns,
+        "mode": data.mode,
+        "group_ids": json.dumps(list(data.group_ids)),
+        "clip_frac_low": data.clip_frac_low,
+        "clip_frac_high": data.clip_frac_high,
+        "entropy": data.entropy,
+        "ess_seq": data.ess_seq,
+        "reward_mean": data.reward_mean,
+        "zero_variance_groups": data.zero_variance_groups,
+        "stale_groups": data.stale_groups,
+        "staleness_mean": data.staleness_mean,
+        "staleness_max": data.staleness_max,
+        "tokens": data.tokens,
     }
     return [ProjectionRow("trainer_steps", ("run_id", "step"), values)]
 

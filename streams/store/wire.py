@@ -13,10 +13,13 @@ in pydantic-core straight from the record's bytes.
 Records under an older schema version, and records that fail here, go through
 `streams.events.decode_event`, so upcasting and the error message are the
 reference behaviour; `decode_record` raises `DecodeError` exactly when it does.
+`wire_from_row` reads a stored `events` row back through the same validation.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
@@ -131,6 +134,16 @@ def _data_text(value: bytes, event: WireEvent) -> str:
         if event.type not in _HAS_PACKED_ARRAYS or b"[" not in text:
             return text.decode()
     return str(event.data.model_dump_json())
+
+
+def wire_from_row(row: Mapping[str, Any]) -> WireEvent:
+    """The `WireEvent` an `events` row holds (`data` decoded JSON or its text), validated as on the wire."""
+    data = row["data"]
+    record = {name: row[name] for name in Event.ENVELOPE_FIELDS} | {
+        "data": json.loads(data) if isinstance(data, str) else data
+    }
+    event, _ = decode_record(json.dumps(record).encode())
+    return event
 
 
 def to_wire(event: Event) -> WireEvent:

@@ -1,11 +1,19 @@
 """Write a batch of events, their projections and the consumer offsets in one transaction.
 
 `write_batch` is the only way the sink changes the database. Within one
-transaction it inserts the events (ids already stored are skipped;
-`ON CONFLICT DO NOTHING` guards the id and the Kafka position), upserts the
-projections of the events that were new, and upserts the offsets. Projections
-are folded from the deduplicated stream only, so the first stored copy of an
-event id is the one every projection reflects; re-applying a batch changes nothing.
+transaction it inserts the events (copies already stored under the same
+(id, source) are skipped; `ON CONFLICT DO NOTHING` guards that key and the Kafka
+position), upserts the projections of the events that were new, and upserts the
+offsets; re-applying a batch changes nothing.
+
+Copies from several runs: a rollout worker killed mid-episode leaves a partial
+copy that its re-run writes again under the same ids, from another `source`,
+possibly with other samples. Both are stored. A trajectory that more than one
+run has written (two sources of its `trajectory.started`) has its projections
+(`trajectories`, `turns`, `tool_calls`, `sandbox_lifecycle`) rebuilt in the same
+transaction from the copies `streams.assemble.dedupe_by_seq` keeps: the rule the
+stream processor and replay fold with, so the finishing run wins at every seq
+whichever copy arrived first, and no projection mixes two runs.
 
 Statements are SQLAlchemy Core (`insert().on_conflict_*` of the sqlite and
 postgresql dialects), compiled once and run with the driver's executemany: the
@@ -27,10 +35,15 @@ from sqlalchemy import JSON, Connection, Dialect, Table, Text, bindparam, cast, 
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import JSONB
 
+from streams.assemble import MalformedTrajectory, dedupe_by_seq
+from streams.events import ROLLOUT_EVENT_TYPES, Event
 from streams.store.models import Base, ConsumerOffset, EventRow
 from streams.store.rows import ProjectionRow, StoredEvent, event_row, projection_rows
+from streams.store.wire import WireEvent, wire_from_row
 
 _TABLES: dict[str, Table] = dict(Base.metadata.tables)
+# Projections keyed by trajectory: rebuilt from the winning copies of a trajectory several runs wrote.
+TRAJECTORY_PROJECTIONS = ("trajectories", "turns", "tool_calls", "sandbox_lifecycle")
 ID_LOOKUP_CHUNK = 1000  # ids per `IN (...)`, well under every backend's bound-parameter limit
 ROWS_PER_STATEMENT = 500  # rows per multi-row INSERT on SQLite
 SQLITE_VARIABLES = 32_766  # SQLite's default bound-parameter limit since 3.32
@@ -38,17 +51,24 @@ SQLITE_VARIABLES = 32_766  # SQLite's default bound-parameter limit since 3.32
 
 @dataclass(frozen=True)
 class PreparedBatch:
-    """A batch's `events` rows and, per event id, its projection rows (built outside the transaction)."""
+    """A batch's `events` rows and, per (id, source), its projection rows (built outside the transaction)."""
 
     event_rows: list[dict[str, Any]]
-    projections: dict[str, list[ProjectionRow]]
+    projections: dict[tuple[str, str], list[ProjectionRow]]
 
 
 def prepare_batch(events: Sequence[StoredEvent]) -> PreparedBatch:
     """The rows of `events` (pure; the sink builds them while the previous batch commits)."""
     rows = [event_row(stored) for stored in events]
-    projections = {row["id"]: projection_rows(stored.event) for stored, row in zip(events, rows, strict=True)}
+    projections = {
+        copy_key(row): projection_rows(stored.event) for stored, row in zip(events, rows, strict=True)
+    }
     return PreparedBatch(rows, projections)
+
+
+def copy_key(row: Mapping[str, Any]) -> tuple[str, str]:
+    """The `events` key of a row: (id, source)."""
+    return row["id"], row["source"]
 
 
 def write_batch(
@@ -59,35 +79,106 @@ def write_batch(
 ) -> int:
     """Store the events and set `consumer`'s next offsets (inside `engine.begin()`); the new events."""
     prepared = batch if isinstance(batch, PreparedBatch) else prepare_batch(batch)
-    new_ids = insert_events(conn, prepared.event_rows)
-    fresh = (row for row in prepared.event_rows if row["id"] in new_ids)
-    upsert_projections(conn, (projection for row in fresh for projection in prepared.projections[row["id"]]))
+    fresh = insert_events(conn, prepared.event_rows)
+    rerun = rerun_trajectories(conn, fresh)
+    winners = winning_copies(conn, rerun)
+    upsert_projections(
+        conn,
+        (
+            projection
+            for row in fresh
+            if row["trajectory_id"] not in winners
+            for projection in prepared.projections[copy_key(row)]
+        ),
+    )
+    reproject_trajectories(conn, winners)
     store_offsets(conn, consumer, offsets)
-    return len(new_ids)
+    return len(fresh)
 
 
-def insert_events(conn: Connection, rows: list[dict[str, Any]]) -> set[str]:
-    """Insert `rows` (`data` as JSON text) into `events`, skipping ids already there; the ids inserted.
+def insert_events(conn: Connection, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Insert `rows` (`data` as JSON text) into `events`, skipping copies already there; the rows inserted.
 
-    Ids already stored are looked up first (one indexed query per batch) so that the
+    Copies already stored are looked up first (one indexed query per batch) so that the
     insert itself is a plain executemany; `ON CONFLICT DO NOTHING` still guards it.
     """
     if not rows:
-        return set()
-    rows = _unique_by(rows, ("id",))
-    existing = _stored_ids(conn, [row["id"] for row in rows])
-    new_rows = [row for row in rows if row["id"] not in existing]
+        return []
+    rows = _unique_by(rows, ("id", "source"))
+    existing = _stored_copies(conn, [row["id"] for row in rows])
+    new_rows = [row for row in rows if copy_key(row) not in existing]
     if new_rows:
         _execute_many(conn, _statement(conn.dialect, "events", tuple(new_rows[0]), None), new_rows)
-    return {row["id"] for row in new_rows}
+    return new_rows
 
 
-def _stored_ids(conn: Connection, ids: list[str]) -> set[str]:
-    found: set[str] = set()
-    for first in range(0, len(ids), ID_LOOKUP_CHUNK):
-        chunk = ids[first : first + ID_LOOKUP_CHUNK]
-        found.update(conn.execute(select(EventRow.id).where(EventRow.id.in_(chunk))).scalars())
+def _stored_copies(conn: Connection, ids: list[str]) -> set[tuple[str, str]]:
+    found: set[tuple[str, str]] = set()
+    for chunk in _chunks(ids):
+        query = select(EventRow.id, EventRow.source).where(EventRow.id.in_(chunk))
+        found.update((event_id, source) for event_id, source in conn.execute(query))
     return found
+
+
+def rerun_trajectories(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The trajectories of these (stored) rows that more than one run wrote: their rollout events'
+    sources and the stored `trajectory.started` copies (every run starts at seq 0) name two writers."""
+    sources: dict[str, set[str]] = {}
+    for row in rows:
+        if row["trajectory_id"] and row["type"] in ROLLOUT_EVENT_TYPES:
+            sources.setdefault(row["trajectory_id"], set()).add(row["source"])
+    for chunk in _chunks(list(sources)):
+        query = select(EventRow.trajectory_id, EventRow.source).where(
+            EventRow.trajectory_id.in_(chunk), EventRow.seq == 0, EventRow.type == "trajectory.started"
+        )
+        for trajectory_id, source in conn.execute(query):
+            sources[trajectory_id].add(source)
+    return {trajectory_id for trajectory_id, found in sources.items() if len(found) > 1}
+
+
+def winning_copies(conn: Connection, trajectory_ids: set[str]) -> dict[str, list[WireEvent]]:
+    """Per trajectory, the stored copies that fold and replay keep (`dedupe_by_seq`), in seq order.
+
+    Copies are read in Kafka order, the order the topics give them. A trajectory whose copies
+    cannot be folded together (two different ids at one seq) is left out: its new rows are
+    projected as they come, as for any malformed trajectory."""
+    copies: dict[str, list[WireEvent]] = {}
+    columns = [EventRow.__table__.c[name] for name in (*Event.ENVELOPE_FIELDS, "data")]
+    for chunk in _chunks(sorted(trajectory_ids)):
+        query = (
+            select(*columns)
+            .where(EventRow.trajectory_id.in_(chunk), EventRow.type.in_(ROLLOUT_EVENT_TYPES))
+            .order_by(EventRow.kafka_topic, EventRow.kafka_partition, EventRow.kafka_offset)
+        )
+        for row in conn.execute(query).mappings():
+            copies.setdefault(row["trajectory_id"], []).append(wire_from_row(row))
+    winners: dict[str, list[WireEvent]] = {}
+    for trajectory_id, events in copies.items():
+        try:
+            kept = dedupe_by_seq(events)
+        except MalformedTrajectory:
+            continue
+        winners[trajectory_id] = [kept[seq] for seq in sorted(kept)]
+    return winners
+
+
+def reproject_trajectories(conn: Connection, winners: Mapping[str, list[WireEvent]]) -> None:
+    """Replace the trajectory projections of these trajectories with those of their winning copies."""
+    if not winners:
+        return
+    for chunk in _chunks(sorted(winners)):
+        for name in TRAJECTORY_PROJECTIONS:
+            table = _TABLES[name]
+            conn.execute(table.delete().where(table.c.trajectory_id.in_(chunk)))
+    upsert_projections(
+        conn, (row for events in winners.values() for event in events for row in projection_rows(event))
+    )
+
+
+def _chunks(items: list[str]) -> Iterable[list[str]]:
+    """`items` in slices of `ID_LOOKUP_CHUNK` (one `IN (...)` each)."""
+    for first in range(0, len(items), ID_LOOKUP_CHUNK):
+        yield items[first : first + ID_LOOKUP_CHUNK]
 
 
 def upsert_projections(conn: Connection, rows: Iterable[ProjectionRow]) -> None:

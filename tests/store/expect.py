@@ -164,5 +164,5 @@ def _check_training(engine: Engine, of_type: dict[type, list[Event]]) -> None:
             data.loss,
             data.grad_norm,
             data.ess,
-            data.times,
+            data.times.model_dump(),
         )

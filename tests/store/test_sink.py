@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.eventgen import generate_events
 from rollstream.config import Config
 from streams.bus import read_topic
 from streams.sink import Sink, SinkError
 from streams.store import open_readonly, open_store
 from streams.store.writer import store_offsets
 from streams.topics import topic_name
-from tests.store.eventgen import generate_events
 from tests.store.expect import assert_events_stored, assert_projections, scalar
 from tests.store.sinkrun import (
     checked_count,
