@@ -11,8 +11,11 @@ request counts as done, and a request's offset is committed only once it and
 every request below it on its partition are done (`OffsetTracker`). A worker
 killed with SIGKILL leaves its unfinished requests uncommitted: the next owner
 of the partition re-runs them and, since ids derive from (trajectory id, seq),
-writes the same event ids. Stopping (`stop` set) cancels in-flight episodes
-without writing more for them, for the same reason.
+writes the same event ids. Stopping (`stop` set: SIGTERM, Ctrl-C) drains: no
+request is taken after it, in-flight episodes get `RolloutSettings.drain_timeout_s`
+to finish (their `trajectory.finished` is written and their requests committed),
+and those still running then are cancelled without writing more and left
+uncommitted, to be re-run under the same ids.
 
 A request no worker can serve (its task directory is missing or malformed, or the
 record is not a rollout request with ids) goes to `deadletter` with the reason,
@@ -194,6 +197,7 @@ class RolloutWorker:
             try:
                 await self._wait_for_aborts(helpers[0])
                 await self._serve(requests, stop)
+                await self._drain(requests)
             finally:
                 await self._cancel(set(self._partition_of))
                 await self._cancel(set(helpers))
@@ -231,10 +235,31 @@ class RolloutWorker:
                 else:
                     batch = await self._wait_for_slot(requests, stopping)
                 for consumed in batch:
+                    if stop.is_set():
+                        break  # stopped during the poll: what it fetched stays uncommitted for the next owner
                     if not self.offsets.seen((consumed.topic, consumed.partition), consumed.offset):
                         self._start(consumed)
         finally:
             stopping.cancel()
+        self._raise_failure()
+
+    async def _drain(self, requests: EventConsumer) -> None:
+        """After `stop`: take no more requests and let in-flight episodes finish within
+        `drain_timeout_s`. Finished requests are committed (commit loop, then the final commit);
+        the episodes still running afterwards are cancelled by `run`, their requests uncommitted."""
+        requests.consumer.pause(*requests.consumer.assignment())
+        running = set(self._partition_of)
+        if not running:
+            return
+        timeout_s = self.settings.rollout.drain_timeout_s
+        log.info("stopping: %d episodes in flight get up to %.1f s to finish", len(running), timeout_s)
+        if timeout_s > 0:
+            await asyncio.wait(running, timeout=timeout_s)
+        if self._partition_of:
+            log.warning("%d episodes still running after the drain: left to re-run", len(self._partition_of))
+        self._raise_failure()
+
+    def _raise_failure(self) -> None:
         if self.failure is not None:
             message = f"an episode failed, stopping the worker: {self.failure!r}"
             raise RolloutWorkerError(message) from self.failure

@@ -135,6 +135,7 @@ def bench_config(cfg: Config, concurrency: int) -> Config:
         f'kafka.bootstrap="{bootstrap}"',
         f'topics.prefix="bench-rollout-sim-{uuid.uuid4().hex[:8]}-"',
         f"rollout.concurrency={concurrency}",
+        "rollout.drain_timeout_s=0",  # measured before the stop: episodes still running are not figures
         f"sandbox.pool.max_running={concurrency}",
         f"sandbox.pool.max_starting={concurrency}",
         "sandbox.pool.warm_pool=0",

@@ -6,13 +6,18 @@ from `rollstream model init`, bwrap sandboxes and a default task.
 - abort records on `rollout.control` end episodes as `truncated:deadline` (before and while
   they run);
 - a worker killed with SIGKILL mid-run and restarted: every request finishes and re-run
-  events carry the same ids (no id maps to two trajectories' worth of content).
+  events carry the same ids (no id maps to two trajectories' worth of content);
+- a worker given SIGTERM (to its process alone, as the pipeline supervisor sends it) drains:
+  episodes in flight finish within `rollout.drain_timeout_s` and are committed (a new worker
+  does not re-run them), no request written after the signal is taken; with a tiny drain
+  timeout the unfinished ones stay uncommitted and a new worker re-runs them under the same ids.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import inspect
 import os
 import shutil
 import signal
@@ -28,8 +33,10 @@ import httpx
 import pytest
 
 from agents.identity import group_id
+from agents.settings import RolloutSettings
 from agents.submit import TaskRef, request_event, submit_requests
 from rollstream.config import Config
+from rollstream.pipeline import Pipeline
 from streams.assemble import fold_trajectory
 from streams.bus import EventProducer, read_topic
 from streams.events import ROLLOUT_EVENT_TYPES, Event, decode_event, make_event
@@ -50,6 +57,7 @@ TINY_MODEL = (
     "model.intermediate_size=128",
 )
 WAIT_S = 180.0
+EXIT_WAIT_S = 90.0
 
 
 def free_port() -> int:
@@ -325,3 +333,99 @@ def test_submit_command_writes_group_size_requests_per_task_with_stable_ids(
         group_id("run-s", next(one_task_root.iterdir()).name, 0)
     }
     assert all(e.data.limits.max_turns == kafka_config.policy.max_turns for e in requests)
+
+
+def started_ids(events: list[Event]) -> set[str]:
+    return {e.trajectory_id for e in events if e.type == "trajectory.started" and e.trajectory_id}
+
+
+def turned_ids(events: list[Event]) -> set[str]:
+    return {e.trajectory_id for e in events if e.type == "turn.generated" and e.trajectory_id}
+
+
+def terminate(worker: Worker) -> float:
+    """SIGTERM to the worker process alone (as `Pipeline.stop` sends it); seconds until it exited."""
+    began = time.monotonic()
+    worker.proc.send_signal(signal.SIGTERM)
+    code = worker.proc.wait(timeout=EXIT_WAIT_S)
+    worker.log.close()
+    assert code == 0, f"the worker exited with {code} after SIGTERM; see {worker.log.name}"
+    return time.monotonic() - began
+
+
+def test_default_drain_fits_inside_the_supervisors_stop_window() -> None:
+    window = inspect.signature(Pipeline.stop).parameters["timeout_s"].default
+    assert RolloutSettings().drain_timeout_s <= window - 3.0  # time left to commit and leave the group
+
+
+def test_sigterm_lets_in_flight_episodes_finish_and_commits_them(
+    kafka_config: Config, one_task_root: Path, engine_url: str, model_dir: Path, tmp_path: Path
+) -> None:
+    task_dir = next(one_task_root.iterdir()).name
+    task = TaskRef(task_dir, task_dir)
+    limits = Limits(max_turns=4, max_new_tokens_per_turn=16, context_cap=4096)
+    drained = set(submit(kafka_config, "run-d", task, 0, 2, limits))
+    log = tmp_path / "worker.log"
+    options = ("agent.max_format_errors=1000", "rollout.drain_timeout_s=120")
+    first = Worker(kafka_config, one_task_root, engine_url, model_dir, log, *options)
+    try:
+        wait_until(lambda: drained <= turned_ids(read_events(kafka_config)), "every episode's first turn")
+        at_signal = read_events(kafka_config)
+        exit_s = terminate(first)
+    finally:
+        first.kill()
+    in_flight = drained - finished_ids(at_signal)
+    assert in_flight, "every episode finished before the signal: make them longer"
+    later = set(submit(kafka_config, "run-d", task, 1, 1, limits))  # written while it drains or after
+    events = read_events(kafka_config)
+    assert drained <= finished_ids(events), f"in-flight episodes unfinished after the drain ({exit_s:.1f}s)"
+    assert not later & started_ids(events), "a request written after SIGTERM was taken"
+    source = {e.source for e in events if e.trajectory_id in drained}
+    assert len(source) == 1, source
+
+    second = Worker(kafka_config, one_task_root, engine_url, model_dir, log, *options)
+    try:
+        wait_until(lambda: later <= finished_ids(read_events(kafka_config)), "the later requests to finish")
+    finally:
+        second.kill(signal.SIGTERM)
+    runs = by_trajectory(read_events(kafka_config))
+    for trajectory in drained:  # committed: the new worker did not run them again
+        assert [e.type for e in runs[trajectory]].count("trajectory.started") == 1, trajectory
+        assert {e.source for e in runs[trajectory]} == source
+    assert all(source.isdisjoint(e.source for e in runs[t]) for t in later)  # run by the new worker
+
+
+def test_episodes_unfinished_at_the_drain_timeout_are_rerun_under_the_same_ids(
+    kafka_config: Config, one_task_root: Path, engine_url: str, model_dir: Path, tmp_path: Path
+) -> None:
+    task_dir = next(one_task_root.iterdir()).name
+    limits = Limits(max_turns=6, max_new_tokens_per_turn=16, context_cap=4096)
+    expected = set(submit(kafka_config, "run-t", TaskRef(task_dir, task_dir), 0, 2, limits))
+    log = tmp_path / "worker.log"
+    first = Worker(kafka_config, one_task_root, engine_url, model_dir, log,
+                   "agent.max_format_errors=1000", "rollout.drain_timeout_s=0.2")  # fmt: skip
+    try:
+        wait_until(lambda: expected <= turned_ids(read_events(kafka_config)), "every episode's first turn")
+        terminate(first)
+    finally:
+        first.kill()
+    events = read_events(kafka_config)
+    first_source = next(e.source for e in events if e.trajectory_id in expected)
+    unfinished = expected - finished_ids(events)
+    assert unfinished, "every episode finished within 0.2 s of the signal: make them longer"
+
+    second = Worker(kafka_config, one_task_root, engine_url, model_dir, log, "agent.max_format_errors=1000")
+    try:
+        wait_until(lambda: expected <= finished_ids(read_events(kafka_config)), "every request to finish")
+    finally:
+        second.kill(signal.SIGTERM)
+    runs = by_trajectory(read_events(kafka_config))
+    for trajectory in unfinished:  # not committed: re-run by the new worker, under the same ids
+        own = runs[trajectory]
+        sources = {e.source for e in own}
+        assert first_source in sources and len(sources) == 2, sources
+        started = [e.id for e in own if e.type == "trajectory.started"]
+        assert len(started) == 2 and len(set(started)) == 1, "the re-run wrote another trajectory.started id"
+        finishing = {e.source for e in own if e.type == "trajectory.finished"}
+        assert first_source not in finishing
+        check_incarnations(own)
