@@ -6,8 +6,11 @@ Contract:
   environment variable named by `sandbox.e2b.api_key_env`; it is read when needed,
   passed to the SDK and never stored on our objects, logged, or put in an error
   message (`redact`). No key → `BackendUnavailableError` naming the variable to set.
-- Commands run as `timeout -s KILL T sh -c CMD` (the process group dies at T, as in
-  the docker backend); output streams through callbacks into the same head+tail
+- Commands run as `sandbox.e2b.user` (never root) under `timeout -s KILL T sh -c CMD`
+  (the process group dies at T); on a timeout every process of that user dies too
+  (`kill -9 -1` run as it), `setsid` children included, as with the docker and bwrap
+  backends: nothing the agent started keeps running into the verifier. E2B's envd
+  runs as root and survives. Output streams through callbacks into the same head+tail
   keeper (`output_limit_bytes`), so nothing is buffered beyond the limit. The SDK
   raises `CommandExitException` for a non-zero exit: that is a result, not an error.
 - SDK errors map to the sandbox layer's typed errors (`map_error`): a rejected key or
@@ -59,6 +62,8 @@ from sandboxes.settings import E2BSettings, SandboxSettings
 from sandboxes.transfer import extract_download, tar_directory, tar_path
 
 BACKEND = "e2b"
+# Run as the unprivileged command user: kill(-1) signals every process it may signal but itself.
+KILL_ALL_COMMAND = "kill -9 -1 2>/dev/null; true"
 Stage = Literal["start", "exec", "files"]
 
 
@@ -201,6 +206,7 @@ class E2BSandbox:
             result: CommandResult[Any] = await sandbox.commands.run(
                 shlex.join(timeout_argv(command, limit)),
                 envs=env,
+                user=self._e2b.user,
                 cwd=cwd or self._e2b.workdir,
                 timeout=limit + self._e2b.exec_grace_s,
                 request_timeout=self._e2b.request_timeout_s,
@@ -214,7 +220,25 @@ class E2BSandbox:
             raise self._mapped(error, "exec") from None
         duration = time.monotonic() - began
         self.timings.execs.append(duration)
-        return to_exec_result(result, output, duration, limit)
+        executed = to_exec_result(result, output, duration, limit)
+        if executed.timed_out:
+            await self._kill_all_processes(sandbox)
+        return executed
+
+    async def _kill_all_processes(self, sandbox: AsyncSandbox) -> None:
+        """SIGKILL every process of the command user (what `timeout` missed: `setsid` children)."""
+        try:
+            await sandbox.commands.run(
+                KILL_ALL_COMMAND,
+                user=self._e2b.user,
+                cwd="/",
+                timeout=self._e2b.exec_grace_s,
+                request_timeout=self._e2b.request_timeout_s,
+            )
+        except CommandExitException:
+            pass  # `kill` found processes it may not signal: the rest are dead
+        except Exception as error:  # a sandbox that cannot clean up cannot be trusted with the next command
+            raise self._mapped(error, "exec") from None
 
     async def upload(self, local: Path, remote: str) -> None:
         self._require_running()
@@ -234,7 +258,7 @@ class E2BSandbox:
             raise FileNotFoundError(f"{remote} cannot be read in sandbox {self.id}: {packed.stderr.strip()}")
         try:
             data = await sandbox.files.read(
-                archive, format="bytes", request_timeout=self._e2b.request_timeout_s
+                archive, format="bytes", user=self._e2b.user, request_timeout=self._e2b.request_timeout_s
             )
         except (SandboxException, httpx.HTTPError, OSError) as error:
             raise self._mapped(error, "files") from None
@@ -254,7 +278,9 @@ class E2BSandbox:
         sandbox = self._require_running()
         archive = f"/tmp/rollstream-upload-{uuid.uuid4().hex[:8]}.tar"
         try:
-            await sandbox.files.write(archive, tar_bytes, request_timeout=self._e2b.request_timeout_s)
+            await sandbox.files.write(
+                archive, tar_bytes, user=self._e2b.user, request_timeout=self._e2b.request_timeout_s
+            )
         except (SandboxException, httpx.HTTPError, OSError) as error:
             raise self._mapped(error, "files") from None
         unpacked = await self.exec(f"tar -xf {archive} -C / && rm -f {archive}", timeout=120)

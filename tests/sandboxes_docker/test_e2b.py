@@ -1,12 +1,16 @@
 """The e2b backend without E2B's cloud (unreachable here): the key only from the
 environment and never in a message, settings mapped onto the SDK call, the SDK's
-real result and exception types mapped to ExecResult and typed sandbox errors, and
-a start against an unresolvable API domain failing as an infrastructure error."""
+real result and exception types mapped to ExecResult and typed sandbox errors, a
+start against an unresolvable API domain failing as an infrastructure error, and a
+timed-out command followed by `kill -9 -1` as the command user (the calls a
+stand-in for E2B's cloud, `CloudStandIn`, receives in place of the VM's envd)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import traceback
+from typing import Any
 
 import httpx
 import pytest
@@ -21,13 +25,14 @@ from e2b import (
     TimeoutException,
 )
 
+from sandboxes import e2b as e2b_backend
 from sandboxes.base import (
     BackendUnavailableError,
     SandboxLostError,
     SandboxStartError,
     SandboxTimeoutError,
 )
-from sandboxes.e2b import E2BSandboxFactory, create_options, map_error, to_exec_result
+from sandboxes.e2b import KILL_ALL_COMMAND, E2BSandboxFactory, create_options, map_error, to_exec_result
 from sandboxes.output import OutputCollector
 from sandboxes.settings import E2BSettings, SandboxSettings
 
@@ -134,3 +139,75 @@ def test_command_results_map_to_exec_results() -> None:
     streamed.add(1, b"x" * 10_000)
     big = to_exec_result(CommandResult(stderr=None, stdout=None, exit_code=0, error=None), streamed, 1.0, 60)
     assert big.output_truncated and big.output_bytes == 10_000 and len(big.stdout) < 400
+
+
+class CloudStandIn:
+    """What `AsyncSandbox.create` returns, standing in for E2B's cloud (unreachable here): it
+    records each command and its user, and answers with the SDK's own result types. A command
+    holding `sleep` runs into its `timeout -s KILL` limit and is reported killed (exit -1), as
+    envd reports it; any other command exits 0 at once."""
+
+    def __init__(self, kill_fails: bool = False) -> None:
+        self.calls: list[tuple[str, str | None]] = []
+        self.kill_fails = kill_fails
+        self.commands = self
+        self.files = self
+
+    async def run(self, cmd: str, *, user: str | None = None, timeout: float | None = None, **_: Any) -> Any:
+        self.calls.append((cmd, user))
+        if cmd == KILL_ALL_COMMAND and self.kill_fails:
+            raise SandboxNotRunningException("sandbox was killed")
+        if "sleep" in cmd:
+            limit = float(cmd.split()[3])  # timeout -s KILL <limit> sh -c ...
+            await asyncio.sleep(limit)
+            raise CommandExitException(stderr="", stdout="", exit_code=-1, error="signal: killed")
+        return CommandResult(stderr="", stdout="", exit_code=0, error=None)
+
+    async def write(self, path: str, data: bytes, *, user: str | None = None, **_: Any) -> None:
+        self.calls.append((f"write {path}", user))
+
+    async def kill(self) -> None:
+        self.calls.append(("kill sandbox", None))
+
+
+async def started_box(monkeypatch: pytest.MonkeyPatch, cloud: CloudStandIn, **e2b: object) -> Any:
+    monkeypatch.setenv(KEY_ENV, SECRET)
+
+    async def create(**_: Any) -> CloudStandIn:
+        return cloud
+
+    monkeypatch.setattr(e2b_backend.AsyncSandbox, "create", create)
+    box = E2BSandboxFactory(settings(**e2b), run_id="r").create(None)
+    await box.start()
+    cloud.calls.clear()  # the workspace upload
+    return box
+
+
+async def test_a_timed_out_command_kills_every_process_of_its_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    cloud = CloudStandIn()
+    box = await started_box(monkeypatch, cloud, user="agent")
+    timed = await box.exec("setsid sleep 600 &\n sleep 600", timeout=0.2)
+    assert timed.timed_out and timed.exit_code == 137 and timed.killed_reason == "timeout"
+    assert [user for _, user in cloud.calls] == ["agent", "agent"]
+    assert cloud.calls[0][0].startswith("timeout -s KILL 0.200 sh -c")
+    assert cloud.calls[1][0] == KILL_ALL_COMMAND == "kill -9 -1 2>/dev/null; true"
+
+    cloud.calls.clear()
+    done = await box.exec("true")
+    assert done.ok and [cmd for cmd, _ in cloud.calls] == ["timeout -s KILL 180.000 sh -c true"]
+    await box.stop()
+
+
+async def test_a_sandbox_failing_to_clean_up_after_a_timeout_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    box = await started_box(monkeypatch, CloudStandIn(kill_fails=True))
+    with pytest.raises(SandboxLostError) as raised:
+        await box.exec("sleep 600", timeout=0.2)
+    assert "SandboxNotRunningException" in str(raised.value)
+    await box.stop()
+
+
+def test_the_command_user_cannot_be_root() -> None:
+    assert settings().e2b.user == "user"
+    for user in ("root", " root ", ""):
+        with pytest.raises(ValueError, match="unprivileged user"):
+            settings(user=user)
