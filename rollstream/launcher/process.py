@@ -1,19 +1,22 @@
 """Background processes with pid files: start detached, recognise our own process
 (a pid file is stale when its pid is gone or now belongs to another program), stop
 with SIGTERM then SIGKILL, check ports and read log tails. Used by the launchers and
-the pipeline supervisor."""
+the pipeline supervisor. Process inspection and signals go through `psutil`; a zombie
+counts as gone (our own children are reaped on the way)."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import os
-import signal
 import socket
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+import psutil
+
+KILL_WAIT_S = 10.0  # after SIGKILL the kernel frees a process at once; this only bounds a stuck exit
 
 
 class LauncherError(RuntimeError):
@@ -27,16 +30,25 @@ def read_pid(pid_file: Path) -> int | None:
         return None
 
 
+def _process(pid: int) -> psutil.Process | None:
+    """`pid` as a psutil process, or None when there is no such process (or it is not ours to see)."""
+    try:
+        return psutil.Process(pid)
+    except (psutil.Error, ValueError):  # ValueError: a negative pid from a corrupt pid file
+        return None
+
+
 def process_cmdline(pid: int) -> str:
     """The command line of `pid` ('' when it is gone or a zombie)."""
+    process = _process(pid)
+    if process is None:
+        return ""
     try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-        status = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return ""
+        return " ".join(process.cmdline())
+    except psutil.Error:
         return ""
-    if status.rpartition(")")[2].split()[0] == "Z":
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace")
 
 
 def live_pid(pid_file: Path, marker: str) -> int | None:
@@ -84,46 +96,59 @@ def start_detached(argv: Sequence[str], log_file: Path, pid_file: Path, cwd: Pat
 
 def _reap(pid: int) -> None:
     """Collect the exit status when `pid` is our child (so it does not linger as a zombie)."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
+    process = _process(pid)
+    if process is not None:
+        with contextlib.suppress(psutil.Error, ChildProcessError, OSError):
+            process.wait(timeout=0)  # reaps a dead child; for anything else, returns or times out now
 
 
 def is_running(pid: int) -> bool:
     """Alive and not a zombie (the command line may read empty while a process execs)."""
     _reap(pid)
-    try:
-        status = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
+    process = _process(pid)
+    if process is None:
         return False
-    return status.rpartition(")")[2].split()[0] != "Z"
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _wait_gone(pids: Sequence[int], timeout_s: float, every_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(is_running(pid) for pid in pids):
+        time.sleep(every_s)
+
+
+def _signal(pid: int, *, kill: bool) -> None:
+    """SIGKILL (`kill`) or SIGTERM to `pid`; a process already gone is fine."""
+    process = _process(pid)
+    if process is None:
+        return
+    with contextlib.suppress(psutil.NoSuchProcess):
+        if kill:
+            process.kill()
+        else:
+            process.terminate()
 
 
 def stop_processes(pids: Sequence[int], grace_s: float) -> list[int]:
     """SIGTERM all of `pids` at once, wait up to `grace_s`, then SIGKILL the rest.
     Returns the pids that had to be killed."""
     for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(is_running(pid) for pid in pids):
-        time.sleep(0.2)
+        _signal(pid, kill=False)
+    _wait_gone(pids, grace_s, every_s=0.2)
     killed = [pid for pid in pids if is_running(pid)]
     for pid in killed:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while any(is_running(pid) for pid in killed) and time.monotonic() < deadline:
-        time.sleep(0.1)
+        _signal(pid, kill=True)
+    _wait_gone(killed, KILL_WAIT_S, every_s=0.1)
     return killed
 
 
 def kill_now(pid: int) -> None:
     """SIGKILL (no shutdown hooks: what a crash looks like) and wait until it is gone."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while is_running(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _signal(pid, kill=True)
+    _wait_gone([pid], KILL_WAIT_S, every_s=0.05)
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
