@@ -3,7 +3,7 @@
 One run, fresh topics under a unique prefix (deleted afterwards):
 
 1. writes `--trajectories` synthetic episodes (groups of `--group-size`, rollout
-   events shaped as the rollout worker writes them: `streams.synthetic`) to
+   events shaped as the rollout worker writes them: `bench.eventgen`) to
    `rollout.events`;
 2. baseline: a plain `EventConsumer` reads and decodes every record of the topic
    (`raw_events_per_s`: run before and again after ours, the faster of the two,
@@ -33,13 +33,14 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from bench.eventgen import group_events, random_attempts
+from bench.figures import percentile
 from rollstream.commands.common import ConfigPath, Overrides, read_config
 from rollstream.config import Config
 from streams.app import StreamWorker
 from streams.bus import EventConsumer, EventProducer
 from streams.events import Event, encode_event
 from streams.settings import PolicySettings
-from streams.synthetic import group_events, random_attempts
 from streams.topics import create_topics, delete_topics
 
 console = Console(stderr=True)
@@ -153,9 +154,8 @@ async def _bench(config: Config, trajectories: int, group_size: int, live_groups
     finally:
         await delete_topics(config.kafka, config.topics)
     raw_rate = max(raw_before, raw_after)
-    latencies.sort()
-    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else float("nan")
-    p50 = latencies[len(latencies) // 2] if latencies else float("nan")
+    p99 = percentile(latencies, 0.99) if latencies else float("nan")
+    p50 = percentile(latencies, 0.5) if latencies else float("nan")
     console.print(
         f"{len(values)} events in {len(groups)} groups; worker {rate_ours:,.0f} ev/s, "
         f"raw {raw_rate:,.0f} ev/s; {len(latencies)}/{live_groups} live groups, latency p50 {p50:.3f}s"

@@ -33,7 +33,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -41,6 +40,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from bench.figures import percentile
 from bench.workload import EpisodePlan, WorkloadProfile, plan_episode
 from rollstream.commands.common import ConfigPath, Overrides, read_config
 from streams.events import Event, make_event
@@ -215,9 +215,8 @@ class Tracker:
 
 def step_tail_share(episodes: list[Episode], ends: dict[str, float], step_end: float) -> float:
     """Share of [earliest start, step end] after 90% of these episodes finished."""
-    finishes = sorted(ends[e.trajectory_id] for e in episodes)
+    t90 = percentile([ends[e.trajectory_id] for e in episodes], 0.9)
     start = min(e.start_s for e in episodes)
-    t90 = finishes[max(0, math.ceil(0.9 * len(finishes) - 1e-9) - 1)]
     return max(0.0, step_end - t90) / (step_end - start) if step_end > start else 0.0
 
 

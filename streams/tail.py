@@ -11,11 +11,12 @@
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from streams.assemble import Trajectory
 from streams.groups import counted_attempts
@@ -47,8 +48,9 @@ def tail_share(spans: Sequence[tuple[float, float]], finished_fraction: float = 
     wall = ends[-1] - start
     if wall <= 0:
         return 0.0
-    index = max(0, math.ceil(finished_fraction * len(ends) - 1e-9) - 1)  # the 90%-th end
-    return (ends[-1] - ends[index]) / wall
+    # the end by which `finished_fraction` had ended: nearest rank, the rule of bench.figures.percentile
+    at_fraction = float(np.quantile(ends, finished_fraction, method="inverted_cdf"))
+    return (ends[-1] - at_fraction) / wall
 
 
 def at_turn_cap(trajectory: Trajectory) -> bool:
