@@ -20,6 +20,14 @@ repository) run `--exec-n` times through `Sandbox.exec` and as a plain
 `/bin/sh -c` subprocess from the same event loop, interleaved;
 `exec_overhead_ratio` = median sandbox exec / median plain subprocess.
 
+Failures are figures, not the end of the run: a start or command that raises a
+`SandboxError` (or a sandbox whose workspace is incomplete) is counted by phase
+and kind (`failures`, `failure_kinds`, `failures_by_phase`; the first message of
+each kind is printed) and the run goes on. A start the backend had to try again
+(docker: a transient engine error) is one start, timed from its first try;
+`retried_starts` and `start_retries` count them. Percentiles of a phase with no
+successful sample are null.
+
 `--hold-s` (default 5 s) stands in for an episode, which in a real run holds
 its sandbox for minutes: shorter holds ask the warm pool to refill faster than
 a real run would. `load_avg_1m` is reported because the figures on a shared
@@ -35,17 +43,19 @@ import os
 import statistics
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from bench.figures import percentile
 from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
 from sandboxes.backends import BACKENDS, make_factory
-from sandboxes.base import SandboxError, SandboxFactory
+from sandboxes.base import Sandbox, SandboxError, SandboxFactory, Timings
 from sandboxes.pool import SandboxPool
 from sandboxes.settings import SandboxSettings
 
@@ -68,40 +78,65 @@ def write_repo(root: Path) -> Path:
     return root / "repo"
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+@dataclass
+class FailureTally:
+    """Failures of one phase: how many of each kind, and the first message of each kind."""
+
+    kinds: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, str] = field(default_factory=dict)
+
+    def record(self, kind: str, message: str) -> None:
+        self.kinds[kind] += 1
+        self.examples.setdefault(kind, message)
+
+    @property
+    def count(self) -> int:
+        return sum(self.kinds.values())
+
+
+@dataclass
+class StartSamples:
+    """One start phase: latencies and tries of the starts that succeeded, and the failures."""
+
+    latencies: list[float] = field(default_factory=list)
+    attempts: list[int] = field(default_factory=list)
+    failures: FailureTally = field(default_factory=FailureTally)
+
+    def started(self, latency_s: float, timings: Timings) -> None:
+        self.latencies.append(latency_s)
+        self.attempts.append(timings.start_attempts)
 
 
 async def start_latencies(
     settings: SandboxSettings,
     factory: SandboxFactory,
     repo: Path,
-    n: int,
-    concurrency: int,
-    hold_s: float,
+    plan: BenchPlan,
     advance: Callable[[], None],
-) -> tuple[list[float], dict[str, object]]:
-    """Seconds from request to a started sandbox, for `n` requests `concurrency` at a time."""
-    latencies: list[float] = []
-    gate = asyncio.Semaphore(concurrency)
+) -> tuple[StartSamples, dict[str, object]]:
+    """Seconds from request to a started sandbox, for `plan.n` requests `plan.concurrency` at a time."""
+    samples = StartSamples()
+    gate = asyncio.Semaphore(plan.concurrency)
     async with SandboxPool(settings, factory) as pool:
         await wait_for_warm(pool, settings.pool.warm_pool)
 
         async def one() -> None:
             async with gate:
                 asked = time.monotonic()
-                async with pool.sandbox(repo) as box:
-                    latencies.append(time.monotonic() - asked)
-                    result = await box.exec("test -f pkg/mod0.py")
-                    if result.exit_code != 0:
-                        raise RuntimeError(f"sandbox workspace incomplete: {result}")
-                    await asyncio.sleep(hold_s)
+                try:
+                    async with pool.sandbox(repo) as box:
+                        samples.started(time.monotonic() - asked, box.timings)
+                        result = await box.exec("test -f pkg/mod0.py")
+                        if result.exit_code != 0:
+                            samples.failures.record("workspace_incomplete", f"{result}")
+                        await asyncio.sleep(plan.hold_s)
+                except SandboxError as error:
+                    samples.failures.record(error.kind, str(error))
             advance()
 
-        await asyncio.gather(*(one() for _ in range(n)))
+        await asyncio.gather(*(one() for _ in range(plan.n)))
         details = {"stats": pool.stats().__dict__, "cap_waits_s": pool.cap_waits()}
-    return latencies, details
+    return samples, details
 
 
 async def wait_for_warm(pool: SandboxPool, size: int) -> None:
@@ -112,32 +147,47 @@ async def wait_for_warm(pool: SandboxPool, size: int) -> None:
         await asyncio.sleep(0.05)
 
 
+@dataclass
+class ExecSamples:
+    """Seconds of each command through the sandbox and as a plain subprocess; the failures."""
+
+    ours: list[float] = field(default_factory=list)
+    plain: list[float] = field(default_factory=list)
+    failures: FailureTally = field(default_factory=FailureTally)
+
+
 async def exec_overhead(
     settings: SandboxSettings, factory: SandboxFactory, repo: Path, count: int, advance: Callable[[], None]
-) -> tuple[float, float]:
-    """Median seconds of `EXEC_COMMAND` through the sandbox and as a plain subprocess."""
-    ours: list[float] = []
-    plain: list[float] = []
-    async with SandboxPool(settings, factory) as pool, pool.sandbox(repo) as box:
-        for _ in range(count):
-            began = time.monotonic()
-            result = await box.exec(EXEC_COMMAND)
-            ours.append(time.monotonic() - began)
-            began = time.monotonic()
-            process = await asyncio.create_subprocess_exec(
-                "/bin/sh",
-                "-c",
-                EXEC_COMMAND,
-                cwd=repo,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
-            stdout, _ = await process.communicate()
-            plain.append(time.monotonic() - began)
-            if box.backend != "simulated" and result.stdout.encode() != stdout:
-                raise RuntimeError("sandbox and plain subprocess disagree on the command's output")
-            advance()
-    return statistics.median(ours), statistics.median(plain)
+) -> ExecSamples:
+    """`EXEC_COMMAND` timed through one sandbox and as a plain subprocess, interleaved."""
+    samples = ExecSamples()
+    try:
+        async with SandboxPool(settings, factory) as pool, pool.sandbox(repo) as box:
+            for _ in range(count):
+                await exec_once(box, repo, samples)
+                advance()
+    except SandboxError as error:  # the sandbox did not start or was lost: the phase ends here
+        samples.failures.record(error.kind, str(error))
+    return samples
+
+
+async def exec_once(box: Sandbox, repo: Path, samples: ExecSamples) -> None:
+    began = time.monotonic()
+    result = await box.exec(EXEC_COMMAND)
+    samples.ours.append(time.monotonic() - began)
+    began = time.monotonic()
+    process = await asyncio.create_subprocess_exec(
+        "/bin/sh",
+        "-c",
+        EXEC_COMMAND,
+        cwd=repo,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, _ = await process.communicate()
+    samples.plain.append(time.monotonic() - began)
+    if box.backend != "simulated" and result.stdout.encode() != stdout:
+        samples.failures.record("output_mismatch", f"sandbox printed {result.stdout[:200]!r}")
 
 
 def pool_variant(settings: SandboxSettings, concurrency: int, warm: int) -> SandboxSettings:
@@ -158,10 +208,16 @@ class BenchPlan:
 
 @dataclass(frozen=True)
 class Measured:
-    cold_s: list[float]
-    warm_s: list[float]
-    exec_s: float
-    plain_s: float
+    cold: StartSamples
+    warm: StartSamples
+    execs: ExecSamples
+
+    def failures_by_phase(self) -> dict[str, FailureTally]:
+        return {
+            "exec": self.execs.failures,
+            "cold_start": self.cold.failures,
+            "warm_handoff": self.warm.failures,
+        }
 
 
 async def measure(settings: SandboxSettings, plan: BenchPlan) -> Measured:
@@ -178,21 +234,54 @@ async def measure(settings: SandboxSettings, plan: BenchPlan) -> Measured:
             name: functools.partial(bars.advance, bars.add_task(name, total=total)) for name, total in phases
         }
         # exec first: the start phases leave the kernel tearing down hundreds of namespaces for a while
-        exec_s, plain_s = await exec_overhead(
+        execs = await exec_overhead(
             pool_variant(settings, 1, 0), factory, repo, plan.exec_n, tick["exec overhead"]
         )
-        latencies = {}
+        starts = {}
         for name, warm in (("cold start", 0), ("warm handoff", plan.warm)):
             variant = pool_variant(settings, plan.concurrency, warm)
-            latencies[name], details = await start_latencies(
-                variant, factory, repo, plan.n, plan.concurrency, plan.hold_s, tick[name]
-            )
+            starts[name], details = await start_latencies(variant, factory, repo, plan, tick[name])
             console.print(f"{name}: {details}")
-    return Measured(latencies["cold start"], latencies["warm handoff"], exec_s, plain_s)
+    measured = Measured(starts["cold start"], starts["warm handoff"], execs)
+    for phase, tally in measured.failures_by_phase().items():
+        for kind, message in tally.examples.items():
+            console.print(f"{phase} failure {kind} (x{tally.kinds[kind]}), first: {message}")
+    return measured
+
+
+def rounded_percentile(values: list[float], q: float) -> float | None:
+    return round(percentile(values, q), 4) if values else None
+
+
+def failure_figures(measured: Measured) -> dict[str, object]:
+    by_phase = measured.failures_by_phase()
+    kinds: Counter[str] = Counter()
+    for tally in by_phase.values():
+        kinds.update(tally.kinds)
+    attempts = measured.cold.attempts + measured.warm.attempts
+    return {
+        "failures": sum(kinds.values()),
+        "failure_kinds": dict(kinds),
+        "failures_by_phase": {phase: tally.count for phase, tally in by_phase.items()},
+        "retried_starts": sum(1 for tries in attempts if tries > 1),
+        "start_retries": sum(tries - 1 for tries in attempts),
+    }
+
+
+def exec_figures(execs: ExecSamples) -> dict[str, object]:
+    if not execs.ours:
+        return {"exec_median_s": None, "plain_subprocess_median_s": None, "exec_overhead_ratio": None}
+    ours, plain = statistics.median(execs.ours), statistics.median(execs.plain)
+    return {
+        "exec_median_s": round(ours, 5),
+        "plain_subprocess_median_s": round(plain, 5),
+        "exec_overhead_ratio": round(ours / plain, 3),
+    }
 
 
 def figures(backend: str, plan: BenchPlan, measured: Measured) -> dict[str, object]:
-    start_p50 = percentile(measured.warm_s, 0.5)
+    warm_s, cold_s = measured.warm.latencies, measured.cold.latencies
+    start_p50 = rounded_percentile(warm_s, 0.5)
     return {
         "load_avg_1m": round(os.getloadavg()[0], 2),  # the machine is shared: read figures against it
         "backend": backend,
@@ -201,14 +290,13 @@ def figures(backend: str, plan: BenchPlan, measured: Measured) -> dict[str, obje
         "warm_pool": plan.warm,
         "hold_s": plan.hold_s,
         "headline": "warm_handoff",
-        "start_p50_s": round(start_p50, 4),
-        "start_p99_s": round(percentile(measured.warm_s, 0.99), 4),
-        "cold_start_p50_s": round(percentile(measured.cold_s, 0.5), 4),
-        "cold_start_p99_s": round(percentile(measured.cold_s, 0.99), 4),
-        "exec_median_s": round(measured.exec_s, 5),
-        "plain_subprocess_median_s": round(measured.plain_s, 5),
-        "exec_overhead_ratio": round(measured.exec_s / measured.plain_s, 3),
-        "ratio": round(E2B_START_MEDIAN_S / start_p50, 2),
+        "start_p50_s": start_p50,
+        "start_p99_s": rounded_percentile(warm_s, 0.99),
+        "cold_start_p50_s": rounded_percentile(cold_s, 0.5),
+        "cold_start_p99_s": rounded_percentile(cold_s, 0.99),
+        **exec_figures(measured.execs),
+        "ratio": round(E2B_START_MEDIAN_S / start_p50, 2) if start_p50 else None,
+        **failure_figures(measured),
     }
 
 
@@ -231,6 +319,8 @@ def command(
     plan = BenchPlan(n, concurrency, concurrency if warm is None else warm, hold_s, exec_n)
     try:
         measured = asyncio.run(measure(settings, plan))
-    except SandboxError as error:
+    except SandboxError as error:  # outside any phase: the backend cannot run here at all
         fail(f"infra_error:{error.kind}: {error}")
     print(json.dumps(figures(backend, plan, measured)))
+    if not (measured.cold.latencies or measured.warm.latencies or measured.execs.ours):
+        fail("every start and command failed: see failure_kinds above")

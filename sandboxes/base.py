@@ -48,6 +48,7 @@ class Timings:
 
     queued_s: float = 0.0
     start_s: float = 0.0
+    start_attempts: int = 1  # tries the backend needed (a retried start is still one start)
     execs: list[float] = field(default_factory=list)
     warm: bool = False  # handed out from the pool's warm sandboxes (started ahead of the request)
 

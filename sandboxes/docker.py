@@ -23,6 +23,10 @@ Contract:
   (`set_pull_gate`, `PullGated`); without a pool the factory itself refuses pulls past
   `pool.image_pulls_per_h`.
 - Warm pools: a sandbox started with no workspace takes one later (`attach_workspace`).
+- Starts: a transient engine error (5xx, dropped connection) is tried again, up to
+  `start_attempts` in all with a growing backoff; the retried start stays one start,
+  timed from its first try, and every retry is counted (`factory.start_retries`,
+  `timings.start_attempts`).
 - Errors: no API → `BackendUnavailableError` (says how to start one); image missing or
   container refused → `SandboxStartError`; container gone → `SandboxLostError`; no answer
   within a command's deadline, or a paused container → `SandboxTimeoutError`. A failing
@@ -68,6 +72,14 @@ START_HINT = (
 )
 
 
+def is_transient_start_error(error: DockerApiError | DockerUnreachableError) -> bool:
+    """Worth another try: the engine failed inside (5xx) or the connection dropped; not a
+    request it refused (4xx) nor an rlimit the engine cannot raise (fails every time)."""
+    if isinstance(error, DockerUnreachableError):
+        return True
+    return error.status >= 500 and "rlimit" not in error.message
+
+
 def resolve_base_url(configured: str) -> str:
     """The configured address, else DOCKER_HOST (Docker's own convention), else a default socket."""
     if configured:
@@ -99,6 +111,7 @@ class DockerSandboxFactory:
         self.owner = owner_label()
         self.images = ImageKeeper(settings)
         self.leaked_removed = 0
+        self.start_retries = 0  # container starts tried again after a transient engine error
         self._api: DockerApi | None = None
         self._lock = asyncio.Lock()
 
@@ -211,24 +224,39 @@ class DockerSandbox:
         self._stopped = False
 
     async def start(self) -> None:
+        """Create and start the container; a transient engine error is retried (counted in
+        `timings.start_attempts` and `factory.start_retries`; `start_s` covers every try)."""
         began = time.monotonic()
         if self._workspace is not None and not self._workspace.is_dir():
             raise SandboxStartError(f"workspace {self._workspace} is not a directory", backend=BACKEND)
         await self._factory.ensure_image(self.image)
         api = await self._factory.api()
-        try:
-            self.container_id = await api.create_container(
-                self._factory.container_body(self.image), name=f"rollstream-{self.id}"
-            )
-            await self._put_workspace(api, self._workspace)
-            await api.start_container(self.container_id)
-        except (DockerApiError, DockerUnreachableError) as error:
-            await self._remove_quietly()
-            hint = RLIMIT_HINT if "rlimit" in str(error) else ""
-            raise SandboxStartError(
-                f"container for {self.image} did not start: {error}{hint}", backend=BACKEND
-            ) from None
+        attempts = self._docker.start_attempts
+        for attempt in range(1, attempts + 1):
+            self.timings.start_attempts = attempt
+            try:
+                await self._create_and_start(api, attempt)
+                break
+            except (DockerApiError, DockerUnreachableError) as error:
+                await self._remove_quietly()
+                self.container_id = ""
+                if attempt < attempts and is_transient_start_error(error):
+                    self._factory.start_retries += 1
+                    await asyncio.sleep(self._docker.start_retry_backoff_s * attempt)
+                    continue
+                hint = RLIMIT_HINT if "rlimit" in str(error) else ""
+                tries = f" (after {attempt} tries)" if attempt > 1 else ""
+                raise SandboxStartError(
+                    f"container for {self.image} did not start{tries}: {error}{hint}", backend=BACKEND
+                ) from None
         self.timings.start_s = time.monotonic() - began
+
+    async def _create_and_start(self, api: DockerApi, attempt: int) -> None:
+        # A retry gets a new name: the failed try's container may not be gone yet.
+        name = f"rollstream-{self.id}" if attempt == 1 else f"rollstream-{self.id}-{attempt}"
+        self.container_id = await api.create_container(self._factory.container_body(self.image), name=name)
+        await self._put_workspace(api, self._workspace)
+        await api.start_container(self.container_id)
 
     async def attach_workspace(self, workspace: Path | None) -> None:
         """Give a sandbox started without a workspace (a warm one) its workspace now."""

@@ -6,6 +6,23 @@ cap of 6 concurrent execs on a 2-core host, exactly the kind of invisible limit 
 project exists to remove. httpx speaks the same HTTP API natively async, over a unix
 socket or TCP, with one connection pool whose size is a setting.
 
+Exec: two calls per command (create, then start attached, reading the multiplexed
+stdout/stderr frames). The command runs under a small `sh` wrapper that writes its
+exit status to stderr after everything else, tagged with a per-exec nonce, so no
+third call is needed for the exit code; only when that trailer is missing (the
+wrapper itself was killed, e.g. by the OOM killer) is the exec inspected. The rest
+of an exec's cost is the engine's own (podman: conmon + `runc exec` per command).
+
+Archives: into a container that is not running yet (a start uploads its workspace
+before starting it), podman (4.3, buildah's copier) pipes the body to a chrooted
+child that stops reading at tar's end-of-archive marker and exits; whatever of the
+body past the marker the pipe cannot hold then fails the upload with `500 passing
+bulk input to subprocess: write |1: broken pipe` — always with 1 MiB past it, and
+now and then, on a busy machine, with the ≤10 KiB record padding of Python's
+`tarfile`. `put_archive` therefore sends archives cut at the marker
+(`tar_to_end_marker`). (Into a running container podman takes another path that
+reads the whole body.)
+
 Errors: `DockerUnreachableError` when nothing answers at the address, `DockerApiError`
 (with the HTTP status) when the API answers with an error. Callers map both to the
 sandbox layer's typed errors.
@@ -13,17 +30,23 @@ sandbox layer's typed errors.
 
 from __future__ import annotations
 
+import io
 import json
+import re
 import struct
+import tarfile
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from sandboxes.output import OutputCollector
+from sandboxes.output import STDERR, OutputCollector
 
 API_VERSION = "v1.41"
+TAR_END_MARKER = bytes(2 * tarfile.BLOCKSIZE)  # two zero blocks end a tar archive
+EXIT_TRAILER = "[rollstream-exit:{nonce}:"
 
 
 class DockerUnreachableError(Exception):
@@ -71,6 +94,61 @@ async def demux_frames(chunks: AsyncIterator[bytes], sink: Callable[[int, bytes]
                 need_header, size = True, 8
             if not need_header and size == 0:
                 need_header, size = True, 8
+
+
+def tar_to_end_marker(archive: bytes) -> bytes:
+    """`archive` cut right after its end-of-archive marker (the record padding dropped).
+
+    Member data may itself end in zero blocks, so the end is found by walking the
+    headers, never by stripping zeros. An archive with anything but zeros past the
+    marker is returned unchanged.
+    """
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as reader:
+            for _ in reader:  # reading the headers only; member data is skipped
+                pass
+            end = reader.offset + len(TAR_END_MARKER)
+    except tarfile.TarError:
+        return archive  # not a plain tar: the engine says what is wrong with it
+    if end >= len(archive) or any(archive[end:]):
+        return archive
+    return archive[:end]
+
+
+def exit_reporting_argv(argv: list[str], nonce: str) -> list[str]:
+    """`argv` run by `sh`, which then writes `[rollstream-exit:NONCE:CODE]` to stderr."""
+    report = f'"$@"; printf \'{EXIT_TRAILER.format(nonce=nonce)}%d]\' "$?" >&2'
+    return ["sh", "-c", report, "sh", *argv]
+
+
+class ExitTrailerSink:
+    """Passes frames on, holding back the end of stderr until it is known not to be the trailer."""
+
+    def __init__(self, sink: Callable[[int, bytes], None], nonce: str) -> None:
+        self._sink = sink
+        prefix = re.escape(EXIT_TRAILER.format(nonce=nonce).encode())
+        self._trailer = re.compile(prefix + rb"(\d{1,10})\]\Z")
+        self._hold = len(EXIT_TRAILER.format(nonce=nonce)) + 11  # the longest trailer
+        self._held = bytearray()
+
+    def add(self, stream: int, data: bytes) -> None:
+        if stream != STDERR:
+            self._sink(stream, data)
+            return
+        self._held.extend(data)
+        if len(self._held) > self._hold:
+            cut = len(self._held) - self._hold
+            self._sink(STDERR, bytes(self._held[:cut]))
+            del self._held[:cut]
+
+    def finish(self) -> int | None:
+        """The reported exit code (None without a trailer); passes on the held-back rest."""
+        match = self._trailer.search(self._held)
+        rest = self._held[: match.start()] if match else self._held
+        if rest:
+            self._sink(STDERR, bytes(rest))
+        self._held = bytearray()
+        return int(match.group(1)) if match else None
 
 
 class DockerApi:
@@ -179,10 +257,17 @@ class DockerApi:
         timeout_s: float,
     ) -> int | None:
         """Run `argv` in the container, feed its output to `output`, return its exit code."""
-        body: dict[str, Any] = {"Cmd": argv, "AttachStdout": True, "AttachStderr": True, "Env": env}
+        nonce = uuid.uuid4().hex
+        body: dict[str, Any] = {
+            "Cmd": exit_reporting_argv(argv, nonce),
+            "AttachStdout": True,
+            "AttachStderr": True,
+            "Env": env,
+        }
         if workdir:
             body["WorkingDir"] = workdir
         exec_id = (await self.request("POST", f"/containers/{container_id}/exec", json=body)).json()["Id"]
+        frames = ExitTrailerSink(output.add, nonce)
         timeout = httpx.Timeout(timeout_s, connect=30.0)
         try:
             async with self._client.stream(
@@ -191,18 +276,24 @@ class DockerApi:
                 if response.status_code >= 400:
                     await response.aread()
                     raise DockerApiError(response.status_code, _error_message(response))
-                await demux_frames(response.aiter_raw(), output.add)
+                await demux_frames(response.aiter_raw(), frames.add)
         except httpx.TimeoutException as error:
             raise TimeoutError(f"exec {exec_id} sent nothing for {timeout_s:.0f}s") from error
         except (httpx.TransportError, FileNotFoundError) as error:
             raise DockerUnreachableError(f"docker API at {self.base_url} dropped exec: {error!r}") from None
-        info = (await self.request("GET", f"/exec/{exec_id}/json")).json()
+        reported = frames.finish()
+        if reported is not None:
+            return reported
+        info = (await self.request("GET", f"/exec/{exec_id}/json")).json()  # the wrapper died too
         code = info.get("ExitCode")
         return int(code) if code is not None else None
 
     async def put_archive(self, container_id: str, path: str, tar_bytes: bytes) -> None:
         await self.request(
-            "PUT", f"/containers/{container_id}/archive", params={"path": path}, content=tar_bytes
+            "PUT",
+            f"/containers/{container_id}/archive",
+            params={"path": path},
+            content=tar_to_end_marker(tar_bytes),
         )
 
     async def get_archive(self, container_id: str, path: str, into: Path) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Frozen(BaseModel):
@@ -85,6 +85,12 @@ class DockerSettings(Frozen):
         default=1024, description="HTTP connections to the API; a running exec holds one (>= max_running)"
     )
     exec_grace_s: float = Field(default=30.0, description="wait past a command's timeout before giving up")
+    start_attempts: int = Field(
+        default=3, ge=1, description="tries per container start on a transient engine error (5xx, dropped)"
+    )
+    start_retry_backoff_s: float = Field(
+        default=0.5, ge=0.0, description="wait before a start's next try, times the tries so far"
+    )
     ulimit_nofile: int = Field(default=4096, description="open files per process (0 = engine default)")
     ulimit_nproc: int = Field(
         default=16384, description="RLIMIT_NPROC (0 = engine default); pids_limit is the real process cap"
@@ -106,6 +112,21 @@ class E2BSettings(Frozen):
     workdir: str = Field(default="/home/user/workspace", description="where the workspace appears inside")
     allow_internet_access: bool = Field(default=False, description="sandboxes get no network by default")
     exec_grace_s: float = Field(default=30.0, description="wait past a command's timeout before giving up")
+    user: str = Field(
+        default="user",
+        description="the VM user commands and file transfers run as; after a command times out every "
+        "process of this user dies (`kill -9 -1` as it), so it must not be root",
+    )
+
+    @field_validator("user")
+    @classmethod
+    def _not_root(cls, user: str) -> str:
+        if not user.strip() or user.strip() == "root":
+            raise ValueError(
+                f"sandbox.e2b.user={user!r}: commands must run as an unprivileged user (E2B's default is "
+                "'user'); as root, the timeout cleanup `kill -9 -1` would also kill E2B's envd"
+            )
+        return user.strip()
 
 
 class SandboxSettings(Frozen):

@@ -4,7 +4,10 @@ isolation, labels and leak cleanup, file transfer, and typed infrastructure erro
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import io
 import socket
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,11 +19,21 @@ from sandboxes.base import (
     SandboxStartError,
     SandboxTimeoutError,
 )
-from sandboxes.docker import DockerSandbox, DockerSandboxFactory
-from sandboxes.docker_api import DockerApi, DockerApiError
+from sandboxes.docker import DockerSandbox, DockerSandboxFactory, is_transient_start_error
+from sandboxes.docker_api import (
+    DockerApi,
+    DockerApiError,
+    DockerUnreachableError,
+    ExitTrailerSink,
+    tar_to_end_marker,
+)
+from sandboxes.output import STDERR, STDOUT, OutputCollector
 from sandboxes.settings import SandboxSettings
+from sandboxes.transfer import tar_directory
 
 PROCESS_LIST = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done"
+# The container's pids cgroup counts forks it refused ("max N"), under cgroup v2 or v1.
+PIDS_EVENTS = "cat /sys/fs/cgroup/pids.events 2>/dev/null || cat /sys/fs/cgroup/pids/pids.events"
 
 
 async def test_exec_results_env_cwd_and_workspace(box: DockerSandbox) -> None:
@@ -38,6 +51,86 @@ async def test_exec_results_env_cwd_and_workspace(box: DockerSandbox) -> None:
     assert (await box.exec("pwd", cwd="/tmp")).stdout == "/tmp\n"
     assert (await box.exec("python3 -c 'import pytest; print(pytest.__name__)'")).stdout == "pytest\n"
     assert box.timings.start_s > 0 and len(box.timings.execs) == 4
+
+
+async def test_exit_code_comes_in_band_and_inspect_covers_a_killed_wrapper(box: DockerSandbox) -> None:
+    for command, code in (("true", 0), ("echo err >&2; exit 42", 42), ("no-such-command", 127)):
+        result = await box.exec(command)
+        assert result.exit_code == code and "rollstream-exit" not in result.stderr, (command, result)
+    assert (await box.exec("echo err >&2; exit 42")).stderr == "err\n"
+    # The command kills the wrapper that would report its status (timeout's parent): no
+    # trailer arrives, so the code is the exec's own, as the engine reports it.
+    killer = "read -r _ _ _ wrapper _ < /proc/$PPID/stat; kill -9 $wrapper"
+    result = await box.exec(killer)
+    assert result.exit_code == 137 and "rollstream-exit" not in result.stderr, result
+
+
+def test_exit_trailer_is_found_across_frames_and_only_with_its_nonce() -> None:
+    frames: list[tuple[int, bytes]] = []
+    sink = ExitTrailerSink(lambda stream, data: frames.append((stream, data)), "n0nce")
+    for stream, data in ((STDERR, b"warning\n[rollstream-ex"), (STDOUT, b"out"), (STDERR, b"it:n0nce:3]")):
+        sink.add(stream, data)
+    assert sink.finish() == 3
+    assert b"".join(d for s, d in frames if s == STDERR) == b"warning\n"
+    assert b"".join(d for s, d in frames if s == STDOUT) == b"out"
+
+    frames.clear()
+    spoofed = ExitTrailerSink(lambda stream, data: frames.append((stream, data)), "n0nce")
+    spoofed.add(STDERR, b"x" * 5000 + b"[rollstream-exit:other:0]")
+    assert spoofed.finish() is None  # another nonce is output, kept whole
+    assert b"".join(d for _, d in frames) == b"x" * 5000 + b"[rollstream-exit:other:0]"
+
+
+def test_archives_end_at_the_tar_marker_with_every_byte_of_their_members(tmp_path: Path) -> None:
+    """podman's copier exits at the marker; padding after it broke uploads with a 500."""
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "zeros.bin").write_bytes(b"z" + bytes(8191))  # member data ending in zero blocks
+    (tmp_path / "ws" / "a.txt").write_text("a\n")
+    padded = tar_directory(tmp_path / "ws", "/workspace")
+    cut = tar_to_end_marker(padded)
+    assert len(padded) % tarfile.RECORDSIZE == 0 and len(cut) < len(padded)
+    assert cut.endswith(bytes(1024)) and cut == padded[: len(cut)] and not any(padded[len(cut) :])
+    with tarfile.open(fileobj=io.BytesIO(cut)) as archive:
+        member = archive.extractfile("workspace/zeros.bin")
+        assert member is not None and member.read() == b"z" + bytes(8191)
+    assert tar_to_end_marker(cut) == cut
+    assert tar_to_end_marker(b"not a tar") == b"not a tar"
+
+
+async def test_uploads_into_a_created_container_survive_bytes_past_the_marker(
+    make_factory: Callable[..., DockerSandboxFactory], raw_api: DockerApi, tmp_path: Path
+) -> None:
+    """A start uploads the workspace before the container runs; podman's copier child then
+    exits at the marker, and bytes past it that the pipe cannot hold made the upload a
+    500 (`passing bulk input to subprocess: write |1: broken pipe`) — always with 1 MiB
+    of them, sometimes with tarfile's 10 KiB record padding on a busy machine."""
+    factory = make_factory()
+    container = await raw_api.create_container(factory.container_body(factory.settings.docker.image))
+    (tmp_path / "ws").mkdir()
+    data = b"z" + bytes(8191)
+    (tmp_path / "ws" / "zeros.bin").write_bytes(data)
+    padded = tar_directory(tmp_path / "ws", "/workspace") + bytes(1024 * 1024)
+    try:
+        await raw_api.put_archive(container, "/", padded)
+        await raw_api.start_container(container)
+        result = await raw_api.exec_run(
+            container,
+            ["sha256sum", "/workspace/zeros.bin"],
+            env=[],
+            workdir=None,
+            output=(output := OutputCollector(4096)),
+            timeout_s=60,
+        )
+    finally:
+        await raw_api.remove_container(container)
+    assert result == 0 and output.result().stdout.split()[0].decode() == hashlib.sha256(data).hexdigest()
+
+
+def test_only_transient_engine_errors_are_retried() -> None:
+    assert is_transient_start_error(DockerApiError(500, "passing bulk input to subprocess: broken pipe"))
+    assert is_transient_start_error(DockerUnreachableError("docker API timed out"))
+    assert not is_transient_start_error(DockerApiError(409, "name already in use"))
+    assert not is_transient_start_error(DockerApiError(500, "error setting rlimit type 7"))
 
 
 async def test_timeout_kills_the_whole_process_tree(box: DockerSandbox) -> None:
@@ -172,11 +265,20 @@ async def test_fork_bomb_and_memory_hog_are_contained(
 ) -> None:
     box = make_factory(limits={"max_processes": 64, "memory_mb": 256}).create(None)
     await box.start()
-    # The shell forks only before the bomb saturates the pids cap (`sleep 60 &`, the first `f`),
-    # then waits with a builtin, so it outlives the bomb until the timeout kills the whole
-    # process group; a shell that failed to fork would exit and leave the bomb behind.
-    bomb = await box.exec("sleep 60 & f(){ f|f& }; f; wait", timeout=5)
-    assert bomb.timed_out and "Cannot fork" in bomb.stderr  # the pids limit held; a result, not an error
+    # The command's shell forks twice, both before the bomb exists (`sleep 60`, then the
+    # bomb's root shell as one child), and then only waits (a builtin): it never needs a
+    # free pid again, so it cannot die of "Cannot fork" and lives until the timeout kills
+    # its whole process group. Without the pids cap the cgroup would count no refused
+    # fork (`pids.events`) and the bomb's shells would print no "Cannot fork"; without the
+    # group kill, bomb shells would survive the timeout.
+    bomb = await box.exec("sleep 60 & sh -c 'f(){ f|f& }; f' & wait", timeout=5)
+    assert bomb.timed_out and bomb.killed_reason == "timeout"
+    assert "Cannot fork" in bomb.stderr  # the pids limit held; a result, not an error
+    events = await box.exec(PIDS_EVENTS)
+    refused = int(events.stdout.split()[-1])
+    assert events.stdout.startswith("max ") and refused > 0, events  # the cgroup's cap refused forks
+    survivors = await box.exec(PROCESS_LIST)
+    assert "f(){" not in survivors.stdout
     hog = await box.exec("python3 -c 'b = bytearray(1024**3); print(len(b))'", timeout=120)
     assert hog.exit_code == 137 and not hog.timed_out and hog.killed_reason == "memory"
     assert (await box.exec("echo fine")).stdout == "fine\n"
