@@ -74,11 +74,18 @@ class KVCache:
         self.values = values
 
     @classmethod
-    def empty(cls, config: ModelConfig, rows: int, capacity: int, dtype: torch.dtype) -> KVCache:
+    def empty(
+        cls,
+        config: ModelConfig,
+        rows: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> KVCache:
         shape = (rows, config.num_kv_heads, capacity, config.head_dim)
         return cls(
-            [torch.zeros(shape, dtype=dtype) for _ in range(config.num_layers)],
-            [torch.zeros(shape, dtype=dtype) for _ in range(config.num_layers)],
+            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)],
+            [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)],
         )
 
     @property
@@ -107,9 +114,10 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(config: ModelConfig, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (B, 1, T, head_dim) for integer positions (B, T)."""
+    """cos, sin of shape (B, 1, T, head_dim) for integer positions (B, T), on their device."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    steps = torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device)
+    inv_freq = 1.0 / (config.rope_theta ** (steps / dim))
     angles = positions.to(torch.float32)[..., None] * inv_freq
     angles = torch.cat([angles, angles], dim=-1)[:, None]
     return angles.cos(), angles.sin()
@@ -147,7 +155,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             keys, values, write_at, attended = cache
-            rows = torch.arange(batch)[:, None]
+            rows = torch.arange(batch, device=x.device)[:, None]
             keys[rows, :, write_at] = k.transpose(1, 2)
             values[rows, :, write_at] = v.transpose(1, 2)
             k, v = keys[:, :, :attended], values[:, :, :attended]
@@ -199,14 +207,17 @@ class PolicyModel(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def init_weights(self, seed: int) -> None:
-        """Deterministic random init (normal, std 0.02; norms at 1) from `seed`."""
+        """Deterministic random init (normal, std 0.02; norms at 1) from `seed`.
+
+        Drawn on CPU and copied to each parameter's device, so every device gets the
+        same initial weights."""
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for name, param in sorted(self.named_parameters()):
                 if name.endswith("layernorm.weight") or name == "model.norm.weight":
                     param.fill_(1.0)
                 else:
-                    param.copy_(torch.randn(param.shape, generator=generator) * 0.02)
+                    param.copy_(torch.randn(param.shape, generator=generator, device="cpu") * 0.02)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -214,7 +225,7 @@ class PolicyModel(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Full causal forward: input_ids (B, T) → logits (B, T, vocab)."""
         batch, length = input_ids.shape
-        positions = torch.arange(length).expand(batch, length)
+        positions = torch.arange(length, device=input_ids.device).expand(batch, length)
         rope = rope_tables(self.config, positions)
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
@@ -226,10 +237,10 @@ class PolicyModel(nn.Module):
 
         Keys/values are written into `cache`; each row attends to its own positions
         0 .. start[b]+t. The caller guarantees start[b] + T <= cache.capacity."""
-        length = input_ids.shape[1]
-        positions = start[:, None] + torch.arange(length)[None, :]
+        length, device = input_ids.shape[1], input_ids.device
+        positions = start.to(device)[:, None] + torch.arange(length, device=device)[None, :]
         attended = int(positions.max()) + 1
-        key_positions = torch.arange(attended)[None, None, None, :]
+        key_positions = torch.arange(attended, device=device)[None, None, None, :]
         mask = key_positions <= positions[:, None, :, None]  # (B, 1, T, attended)
         rope = rope_tables(self.config, positions)
         x = self.model.embed_tokens(input_ids)

@@ -1,0 +1,277 @@
+"""One training step on torch (pure of Kafka, SQL and clocks but the phase timers).
+
+INTERFACE (pinned; the trainer-core helper implements it, the loop and the
+megatron backend call it):
+
+    @dataclass(frozen=True)
+    class SftSequence: token_ids: TokenIds; loss_mask: LossMask
+
+    @dataclass(frozen=True)
+    class StepMetrics:
+        loss, grad_norm, clip_frac_low, clip_frac_high, entropy, mean_logprob_diff,
+        ess, ess_seq, reward_mean: float; tokens, trajectories: int;
+        logprob_s, update_s: float
+
+    def make_optimizer(model, settings: TrainerSettings, lr: float) -> torch.optim.Optimizer
+    def rl_step(model, optimizer, samples: Sequence[TrainSample], settings: TrainerSettings,
+                device: torch.device) -> StepMetrics
+        # logprobs under the current (behaviour) weights, no grad, in micro-batches;
+        # then `settings.updates_per_step` optimiser steps over mini-batches, each
+        # accumulating micro-batches of at most `settings.micro_batch_tokens` tokens;
+        # grad clip at `settings.grad_clip` (grad_norm reported before clipping).
+    def sft_step(model, optimizer, sequences: Sequence[SftSequence], settings, device) -> StepMetrics
+        # cross-entropy on loss-masked tokens only.
+
+Also here: `sequence_logprobs` (the trainer's per-token scores, no grad; what the
+engine-match test and diagnostics compare) and `trains` (whether a sample carries loss).
+Mini-batches are consecutive near-equal runs of the loss-bearing samples; the behaviour
+logprobs of all of them are taken before the first update, in the same micro-batches the
+updates use. Deterministic on CPU: same inputs and model/optimizer state give
+bit-identical weights, so a resumed trainer continues exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from streams.packed import LossMask, TokenIds
+from trainer.batch import TrainSample, micro_batches
+from trainer.loss import (
+    Denominators,
+    LossSums,
+    mismatch_metrics,
+    next_token_entropy,
+    next_token_logprobs,
+    policy_loss,
+    sft_loss,
+)
+from trainer.settings import TrainerSettings
+
+
+@dataclass(frozen=True)
+class SftSequence:
+    token_ids: TokenIds
+    loss_mask: LossMask
+
+    @property
+    def tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """One step's figures. With `updates_per_step` > 1, loss and grad_norm are means over the
+    optimiser steps and the clip fractions and entropy cover every update pass. SFT steps
+    have no importance weights: clip fractions 0, mean_logprob_diff 0, ESS 1."""
+
+    loss: float
+    grad_norm: float  # global norm before clipping
+    clip_frac_low: float
+    clip_frac_high: float
+    entropy: float
+    mean_logprob_diff: float
+    ess: float
+    ess_seq: float
+    reward_mean: float  # over every sample, loss-masked members included
+    tokens: int  # tokens of the sequences that went through the update
+    trajectories: int  # every sample (sequence) handed in
+    logprob_s: float
+    update_s: float
+
+
+@dataclass(frozen=True)
+class _Tensors:
+    """One padded micro-batch on the device; token tensors target-aligned (B, T-1)."""
+
+    token_ids: torch.Tensor  # (B, T) long
+    mask: torch.Tensor  # (B, T-1) fp32, 1 on loss tokens
+    rollout_logprobs: torch.Tensor  # (B, T-1) fp32
+    advantages: torch.Tensor  # (B,) fp32
+
+
+def make_optimizer(model: nn.Module, settings: TrainerSettings, lr: float) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (norm gains are not decayed)."""
+    named = sorted(model.named_parameters())
+    decay = [p for _, p in named if p.ndim >= 2]
+    no_decay = [p for _, p in named if p.ndim < 2]
+    groups = [
+        {"params": decay, "weight_decay": settings.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr, betas=settings.betas, eps=settings.eps)
+
+
+def _padded(arrays: Sequence[Sequence[float]], dtype: np.dtype, width: int) -> np.ndarray:
+    out = np.zeros((len(arrays), width), dtype=dtype)
+    for row, values in enumerate(arrays):
+        out[row, : len(values)] = np.asarray(values, dtype=dtype)
+    return out
+
+
+def _tensors(items: Sequence[TrainSample] | Sequence[SftSequence], device: torch.device) -> _Tensors:
+    """Right-padded (token 0, mask 0): causal attention keeps padding out of the real positions."""
+    width = max(item.tokens for item in items)
+    ids = torch.from_numpy(_padded([i.token_ids for i in items], np.dtype(np.int64), width))
+    mask = torch.from_numpy(_padded([i.loss_mask for i in items], np.dtype(np.float32), width))
+    rollout = np.zeros((len(items), width), dtype=np.float32)
+    advantages = [0.0] * len(items)
+    samples = [i for i in items if isinstance(i, TrainSample)]
+    if samples:
+        rollout = _padded([s.rollout_logprobs for s in samples], np.dtype(np.float32), width)
+        advantages = [s.advantage for s in samples]
+    return _Tensors(
+        token_ids=ids.to(device),
+        mask=(mask[:, 1:] > 0).float().to(device),
+        rollout_logprobs=torch.from_numpy(rollout)[:, 1:].to(device),
+        advantages=torch.tensor(advantages, dtype=torch.float32, device=device),
+    )
+
+
+def trains(sample: TrainSample) -> bool:
+    """Whether a sample contributes loss: not loss-masked and with at least one generated target."""
+    return not sample.loss_masked and any(m > 0 for m in sample.loss_mask[1:])
+
+
+def _mini_batches(samples: Sequence[TrainSample], count: int) -> list[list[TrainSample]]:
+    """`count` consecutive, near-equal runs of samples (fewer when there are fewer samples)."""
+    count = min(count, len(samples))
+    bounds = [round(i * len(samples) / count) for i in range(count + 1)]
+    return [list(samples[bounds[i] : bounds[i + 1]]) for i in range(count)]
+
+
+def _logprobs_no_grad(model: nn.Module, batch: _Tensors) -> torch.Tensor:
+    with torch.no_grad():
+        return next_token_logprobs(model(batch.token_ids), batch.token_ids)
+
+
+def sequence_logprobs(
+    model: nn.Module, samples: Sequence[TrainSample], settings: TrainerSettings, device: torch.device
+) -> list[torch.Tensor]:
+    """The trainer's logprob of every next token of each sample, no grad: 1-D (tokens − 1) each,
+    on the device; position t scores token t+1. Micro-batched as the step is."""
+    out: list[torch.Tensor] = []
+    for micro in micro_batches(samples, settings.micro_batch_tokens):
+        logprobs = _logprobs_no_grad(model, _tensors(micro, device))
+        out += [logprobs[row, : s.tokens - 1] for row, s in enumerate(micro)]
+    return out
+
+
+def _update(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    plan: list[tuple[_Tensors, torch.Tensor]],
+    settings: TrainerSettings,
+) -> tuple[float, float, LossSums]:
+    """One optimiser step over a mini-batch's micro-batches: (loss, grad norm before clip, sums)."""
+    optimizer.zero_grad(set_to_none=True)
+    denominators = Denominators.of([batch.mask for batch, _ in plan])
+    total, sums = 0.0, LossSums()
+    for batch, logp_old in plan:
+        loss, micro_sums = policy_loss(
+            model(batch.token_ids),
+            batch.token_ids,
+            logp_old,
+            batch.rollout_logprobs,
+            batch.advantages,
+            batch.mask,
+            settings,
+            denominators,
+        )
+        loss.backward()
+        total += float(loss.detach())
+        sums = sums + micro_sums
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip))
+    optimizer.step()
+    return total, grad_norm, sums
+
+
+def rl_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    samples: Sequence[TrainSample],
+    settings: TrainerSettings,
+    device: torch.device,
+) -> StepMetrics:
+    """The pinned RL step (module docstring). Samples without loss tokens (loss-masked members)
+    count only in reward_mean and trajectories; a batch with none trains nothing."""
+    started = time.perf_counter()
+    trained = [s for s in samples if trains(s)]
+    plans: list[list[tuple[_Tensors, torch.Tensor]]] = []
+    for mini in _mini_batches(trained, settings.updates_per_step):
+        batches = [_tensors(micro, device) for micro in micro_batches(mini, settings.micro_batch_tokens)]
+        plans.append([(batch, _logprobs_no_grad(model, batch)) for batch in batches])
+    mismatch = mismatch_metrics(
+        [row for plan in plans for _, old in plan for row in old],
+        [row for plan in plans for batch, _ in plan for row in batch.rollout_logprobs],
+        [row for plan in plans for batch, _ in plan for row in batch.mask],
+    )
+    logprob_s = time.perf_counter() - started
+    losses, norms, sums = [], [], LossSums()
+    for plan in plans:
+        loss, norm, plan_sums = _update(model, optimizer, plan, settings)
+        losses.append(loss)
+        norms.append(norm)
+        sums = sums + plan_sums
+    clip_low, clip_high, entropy = sums.fractions()
+    return StepMetrics(
+        loss=sum(losses) / len(losses) if losses else 0.0,
+        grad_norm=sum(norms) / len(norms) if norms else 0.0,
+        clip_frac_low=clip_low,
+        clip_frac_high=clip_high,
+        entropy=entropy,
+        mean_logprob_diff=mismatch.mean_logprob_diff,
+        ess=mismatch.ess,
+        ess_seq=mismatch.ess_seq,
+        reward_mean=sum(s.reward for s in samples) / len(samples) if samples else 0.0,
+        tokens=sum(s.tokens for s in trained),
+        trajectories=len(samples),
+        logprob_s=logprob_s,
+        update_s=time.perf_counter() - started - logprob_s,
+    )
+
+
+def sft_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    sequences: Sequence[SftSequence],
+    settings: TrainerSettings,
+    device: torch.device,
+) -> StepMetrics:
+    """One optimiser step of cross-entropy on the loss tokens (token mean over the batch)."""
+    started = time.perf_counter()
+    batches = [_tensors(micro, device) for micro in micro_batches(sequences, settings.micro_batch_tokens)]
+    denominators = Denominators.of([batch.mask for batch in batches])
+    optimizer.zero_grad(set_to_none=True)
+    total, entropy = 0.0, 0.0
+    for batch in batches:
+        logits = model(batch.token_ids)
+        loss = sft_loss(logits, batch.token_ids, batch.mask, denominators)
+        loss.backward()
+        total += float(loss.detach())
+        with torch.no_grad():
+            entropy += float((next_token_entropy(logits) * batch.mask).sum())
+    grad_norm = 0.0
+    if denominators.tokens:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip))
+        optimizer.step()
+    return StepMetrics(
+        loss=total,
+        grad_norm=grad_norm,
+        clip_frac_low=0.0,
+        clip_frac_high=0.0,
+        entropy=entropy / max(denominators.tokens, 1),
+        mean_logprob_diff=0.0,
+        ess=1.0,
+        ess_seq=1.0,
+        reward_mean=0.0,
+        tokens=sum(s.tokens for s in sequences),
+        trajectories=len(sequences),
+        logprob_s=0.0,
+        update_s=time.perf_counter() - started,
+    )
