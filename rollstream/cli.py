@@ -36,6 +36,7 @@ SUB_APPS = (
     ("sandbox", "sandbox"),
     ("model", "model"),
     ("engine", "engine"),
+    ("weights", "weights"),
     ("rollout", "rollout"),
     ("bench", "bench"),
 )
@@ -43,6 +44,7 @@ SINGLE_COMMANDS = (
     ("sink", "sink"),
     ("sql", "sql"),
     ("worker", "worker"),
+    ("train", "train"),
     ("replay", "replay"),
     ("whatif", "whatif"),
     ("tail", "tail"),

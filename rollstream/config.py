@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agents.settings import AgentSettings, ClientSettings, EngineSettings, RolloutSettings
+from agents.settings import AgentSettings, ClientSettings, EngineSettings, FollowSettings, RolloutSettings
 from sandboxes.settings import SandboxSettings, TaskSettings
 from streams.settings import (
     KafkaSettings,
@@ -23,7 +23,7 @@ from streams.settings import (
     StreamWorkerSettings,
     TopicSettings,
 )
-from trainer.settings import ModelSettings
+from trainer.settings import ModelSettings, TrainerSettings
 
 DEFAULT_CONFIG_FILE = Path("rollstream.toml")
 
@@ -77,10 +77,12 @@ class Config(Frozen):
     model: ModelSettings = ModelSettings()
     engine: EngineSettings = EngineSettings()
     client: ClientSettings = ClientSettings()
+    follow: FollowSettings = FollowSettings()
     agent: AgentSettings = AgentSettings()
     rollout: RolloutSettings = RolloutSettings()
     sandbox: SandboxSettings = SandboxSettings()
     tasks: TaskSettings = TaskSettings()
+    trainer: TrainerSettings = TrainerSettings()
 
     @property
     def state_dir(self) -> Path:
@@ -93,6 +95,11 @@ class Config(Frozen):
     @property
     def model_dir(self) -> Path:
         return Path(self.model.path) if self.model.path else self.state_dir / "model"
+
+    @property
+    def weights_dir(self) -> Path:
+        """Published weight versions: `<weights_dir>/<run>/<version>/`."""
+        return self.state_dir / "weights"
 
     @property
     def tasks_dir(self) -> Path:

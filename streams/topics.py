@@ -2,7 +2,8 @@
 
 Short names (`SHORT_NAMES`) are what code uses; `topic_name` adds the configured
 prefix. Source-of-truth topics (`rollout.events`, `weights.history`,
-`trainer.steps`) keep every record forever; `weights` is compacted (latest
+`trainer.steps`) keep every record forever, and so do `groups` and `trajectories`:
+a trainer checkpoint holds offsets into them, which must still exist on resume; `weights` is compacted (latest
 version per run); every topic accepts messages up to `topics.max_message_bytes`
 and uses `topics.replication_factor` / `topics.min_insync_replicas` (3 / 2 on the
 three-broker cluster). Topics are never auto-created: `create_topics` (or
@@ -32,7 +33,7 @@ SHORT_NAMES = (
     "trainer.steps",
     "deadletter",
 )
-RETAIN_FOREVER = frozenset({"rollout.events", "weights.history", "trainer.steps"})
+RETAIN_FOREVER = frozenset({"rollout.events", "weights.history", "trainer.steps", "groups", "trajectories"})
 COMPACTED = frozenset({"weights"})
 TOPIC_ALREADY_EXISTS = 36
 

@@ -8,7 +8,8 @@ version); HF readers ignore it.
 
 `init_model_dir(settings, path)` creates one with random weights; `save_version(model,
 base_dir, out_dir, version)` writes a complete directory for a new weight version;
-`save_model(model, path, weight_version)` writes new weights into a directory
+`save_model(model, path, weight_version)` (or `save_weights(tensors, config, ...)`, for
+a backend's HF-named tensors) writes new weights into a directory
 (atomically: a temp file then rename, so an engine reloading the directory never sees
 half a file); `load_model(path)` reads it.
 """
@@ -18,10 +19,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import load_file, save_file
 
 from trainer.model import ModelConfig, PolicyModel, build_model
@@ -125,15 +128,26 @@ def save_model(
     model: PolicyModel, path: Path, weight_version: int, specials: dict[str, int] | None = None
 ) -> None:
     """Write weights and config.json (weights first, config last: the config names the version)."""
+    save_weights(model.state_dict(), model.config, path, weight_version, specials)
+
+
+def save_weights(
+    tensors: Mapping[str, torch.Tensor],
+    config: ModelConfig,
+    path: Path,
+    weight_version: int,
+    specials: dict[str, int] | None = None,
+) -> None:
+    """`save_model` for tensors under HF names (a backend's `hf_state_dict`), with no model built."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     if specials is None:
         specials = read_config(path).specials
     temp = path / (WEIGHTS_FILE + ".tmp")
-    tensors = {name: t.detach().contiguous().float() for name, t in model.state_dict().items()}
-    save_file(tensors, str(temp), metadata={"format": "pt"})
+    contiguous = {name: t.detach().contiguous().float().cpu() for name, t in tensors.items()}
+    save_file(contiguous, str(temp), metadata={"format": "pt"})
     os.replace(temp, path / WEIGHTS_FILE)
-    _write_json(path / CONFIG_FILE, hf_config(model.config, specials, weight_version))
+    _write_json(path / CONFIG_FILE, hf_config(config, specials, weight_version))
 
 
 @dataclass(frozen=True)
@@ -151,12 +165,23 @@ SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json
 def save_version(model: PolicyModel, base_dir: Path, out_dir: Path, weight_version: int) -> Path:
     """A complete model directory for a new weight version (what `/update_weights_from_disk` loads):
     the tokenizer and side files of `base_dir`, the weights of `model`."""
+    return save_version_weights(model.state_dict(), model.config, base_dir, out_dir, weight_version)
+
+
+def save_version_weights(
+    tensors: Mapping[str, torch.Tensor],
+    config: ModelConfig,
+    base_dir: Path,
+    out_dir: Path,
+    weight_version: int,
+) -> Path:
+    """`save_version` for tensors under HF names."""
     base_dir, out_dir = Path(base_dir), Path(out_dir)
     specials = read_config(base_dir).specials
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in SIDE_FILES:
         shutil.copyfile(base_dir / name, out_dir / name)
-    save_model(model, out_dir, weight_version=weight_version, specials=specials)
+    save_weights(tensors, config, out_dir, weight_version, specials)
     return out_dir
 
 

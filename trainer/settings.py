@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -17,3 +19,45 @@ class ModelSettings(BaseModel):
     max_position: int = 65536
     rope_theta: float = 10000.0
     seed: int = 0
+
+
+class TrainerSettings(BaseModel):
+    """The GRPO trainer (`rollstream train`): loss, optimiser, batching, publishing, resume.
+
+    Defaults are the reference run's where it states one (clips 0.2/0.28, TIS cap 2.0,
+    no KL, grad clip 1.0)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    backend: Literal["torch", "megatron"] = "torch"
+    device: str = Field(default="cpu", description="torch device: cpu | cuda | cuda:N (ROCm builds: cuda)")
+    seed: int = 0
+    torch_threads: int = Field(default=0, ge=0, description="intra-op threads; 0 = torch's default")
+    groups_per_step: int = Field(default=8, ge=1, description="kept groups in one optimiser step")
+    micro_batch_tokens: int = Field(default=16384, ge=1, description="tokens per forward/backward pass")
+    updates_per_step: int = Field(
+        default=1, ge=1, description="optimiser steps per batch (mini-batches); >1 lets the ratio clip act"
+    )
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = 0.01
+    eps: float = 1e-8
+    clip_low: float = Field(default=0.2, ge=0, description="ratio clipped below at 1 - clip_low")
+    clip_high: float = Field(default=0.28, ge=0, description="ratio clipped above at 1 + clip_high")
+    tis_cap: float = Field(
+        default=2.0, gt=0, description="truncated importance weight cap; engine vs trainer"
+    )
+    kl_coef: float = Field(default=0.0, ge=0, description="KL to the behaviour policy; reference run: none")
+    loss_aggregation: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    grad_clip: float = Field(default=1.0, gt=0, description="global grad-norm clip")
+    sync_every: int = Field(default=1, ge=1, description="engines load every Nth version")
+    checkpoint_every: int = Field(default=10, ge=1, description="steps between checkpoints (and on SIGTERM)")
+    consumer_group: str = "rollstream-trainer"
+    poll_ms: int = Field(default=200, ge=1, description="longest wait for records in one poll")
+    trajectory_buffer: int = Field(
+        default=100_000, ge=1, description="trajectories kept while waiting for their group, oldest evicted"
+    )
+    sft_lr: float = 1e-3
+    sft_batch_sequences: int = Field(default=8, ge=1, description="sequences per SFT step")
+    phase_pause_s: float = Field(
+        default=0.0, ge=0, description="test hook: sleep after each logged phase marker (kill tests); 0 = off"
+    )

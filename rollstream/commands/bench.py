@@ -20,6 +20,7 @@ BENCHMARKS = (
     ("rollout_sim", "rollout-sim"),
     ("streams", "streams"),
     ("tail", "tail"),
+    ("trainer", "trainer"),
 )
 
 for _module_name, _cli_name in BENCHMARKS:

@@ -1,0 +1,137 @@
+"""`rollstream bench trainer`: the trainer on Kafka vs a plain torch loop over the same batches.
+
+Our path: `trainer.loop.RlTrainer` (the code of `rollstream train`) over a log that
+already holds more groups than it consumes (groups arrive faster than it trains),
+with its member trajectories on `trajectories`: ordering, joining, judging, the
+step, writing and checksumming each version, and the events. Plain path: the
+same model init, loss and optimizer (`trainer.step.rl_step`) over the same
+batches, built in memory before timing. The first step of each path is a warm-up
+and not timed; our time is wall time between the first and the last step's
+`trainer.steps` events, the shares are the phases' sums over those steps. Rounds
+alternate ours/plain; medians are reported. Last line: `{"tokens_per_s",
+"plain_tokens_per_s", "ratio", "step_s", "wait_share", "logprob_share",
+"update_share", "publish_share"}`. Targets: ratio >= 0.9, wait share <= 0.05.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import typer
+
+from bench.eventgen.groups import GroupLogSpec, synthetic_groups
+from bench.local_broker import ensure_local_broker, fresh_topics
+from rollstream.commands.common import ConfigPath, Overrides, console, read_config
+from rollstream.config import Config
+from streams.bus import EventProducer, read_topic
+from streams.events import Event
+from streams.payloads import GroupFormed, TrainerStep, TrajectoryAssembled
+from streams.topics import delete_topics
+from trainer.backends import TorchBackend
+from trainer.batch import TrainSample, samples_of
+from trainer.checkpoint import init_model_dir, load_model
+from trainer.loop import RlTrainer, RunTarget, TrainerState
+from trainer.step import make_optimizer, rl_step
+
+RUN = "bench-trainer"
+
+
+def _spec(cfg: Config, groups: int, tokens: int, group_size: int) -> GroupLogSpec:
+    return GroupLogSpec(
+        run_id=RUN, groups=groups, group_size=group_size, prompt_tokens=tokens // 8,
+        output_tokens=tokens - tokens // 8, vocab_size=cfg.model.vocab_size, versions_per_group=0.0,
+    )  # fmt: skip
+
+
+def _batches(records: list[tuple[str, Event]], per_step: int) -> list[list[TrainSample]]:
+    """The batches the trainer forms from this log (every group kept, in time order)."""
+    by_id = {e.trajectory_id: e.data for t, e in records if isinstance(e.data, TrajectoryAssembled)}
+    groups = [e for t, e in records if isinstance(e.data, GroupFormed)]
+    samples = [samples_of(e.data, by_id, e.group_id or "") for e in groups]  # type: ignore[arg-type]
+    return [[s for g in samples[i : i + per_step] for s in g] for i in range(0, len(samples), per_step)]
+
+
+async def _ours(cfg: Config, base: Path, records: list[tuple[str, Event]], steps: int) -> dict[str, float]:
+    topics = await fresh_topics(cfg, "bench")
+    try:
+        async with EventProducer(cfg.kafka, topics) as producer:
+            for topic, event in records:
+                await producer.send(topic, event)
+        with tempfile.TemporaryDirectory(prefix="bench-trainer-") as scratch:
+            model = load_model(base)
+            target = RunTarget(RUN, base, Path(scratch) / "weights", Path(scratch) / "checkpoint.pt",
+                               model.config, dataclasses.asdict(model.config))  # fmt: skip
+            trainer = RlTrainer(
+                cfg.kafka, topics, cfg.trainer, max_staleness=-1, target=target,
+                backend=TorchBackend(model, cfg.trainer, lr=cfg.trainer.lr), state=TrainerState(0, 0),
+                max_steps=steps,
+            )  # fmt: skip
+            await trainer.run(asyncio.Event())
+        events = await read_topic(cfg.kafka, topics, "trainer.steps")
+    finally:
+        await delete_topics(cfg.kafka, topics)
+    done = sorted((r.event for r in events), key=lambda e: e.data.step)  # type: ignore[attr-defined]
+    timed: list[TrainerStep] = [e.data for e in done[1:]]  # type: ignore[misc]
+    wall = (done[-1].time_ns - done[0].time_ns) / 1e9
+    total = sum(s.times.total_s for s in timed)
+    return {
+        "tokens_per_s": sum(s.tokens for s in timed) / wall,
+        "step_s": wall / len(timed),
+        **{f"{phase}_share": sum(getattr(s.times, f"{phase}_s") for s in timed) / total
+           for phase in ("wait", "logprob", "update", "publish")},
+    }  # fmt: skip
+
+
+def _plain(cfg: Config, base: Path, batches: list[list[TrainSample]], steps: int) -> float:
+    model = load_model(base).to(cfg.trainer.device).train()
+    if cfg.trainer.torch_threads:
+        torch.set_num_threads(cfg.trainer.torch_threads)
+    optimizer = make_optimizer(model, cfg.trainer, cfg.trainer.lr)
+    device = torch.device(cfg.trainer.device)
+    rl_step(model, optimizer, batches[0], cfg.trainer, device)  # warm-up, as ours
+    started, tokens = time.perf_counter(), 0
+    for batch in batches[1:steps]:
+        tokens += rl_step(model, optimizer, batch, cfg.trainer, device).tokens
+    return tokens / (time.perf_counter() - started)
+
+
+def command(
+    config: ConfigPath = None,
+    overrides: Overrides = None,
+    steps: Annotated[int, typer.Option(help="steps per pass (the first is a warm-up)")] = 6,
+    rounds: Annotated[int, typer.Option(help="passes of each path (alternating); medians reported")] = 3,
+    tokens: Annotated[int, typer.Option(help="tokens per trajectory")] = 512,
+    group_size: Annotated[int, typer.Option(help="trajectories per group")] = 8,
+) -> None:
+    """Trainer tokens/s on Kafka vs a plain torch loop over the same batches (targets: ratio >= 0.9)."""
+    cfg = read_config(config, overrides)
+    ensure_local_broker(cfg)
+    per_step = cfg.trainer.groups_per_step
+    records = synthetic_groups(_spec(cfg, (steps + 2) * per_step, tokens, group_size))  # more than consumed
+    batches = _batches(records, per_step)
+    ours: list[dict[str, float]] = []
+    plain: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="bench-model-") as scratch:
+        base = init_model_dir(cfg.model, Path(scratch) / "model")
+        for round_no in range(1, rounds + 1):
+            ours.append(asyncio.run(_ours(cfg, base, records, steps)))
+            plain.append(_plain(cfg, base, batches, steps))
+            console.print(f"round {round_no}: trainer {ours[-1]['tokens_per_s']:,.0f} tokens/s, "
+                          f"plain {plain[-1]:,.0f} tokens/s")  # fmt: skip
+    figures = {key: statistics.median(r[key] for r in ours) for key in ours[0]}
+    result = {
+        "tokens_per_s": round(figures["tokens_per_s"], 1),
+        "plain_tokens_per_s": round(statistics.median(plain), 1),
+        "ratio": round(figures["tokens_per_s"] / statistics.median(plain), 3),
+        "step_s": round(figures["step_s"], 3),
+        **{k: round(v, 4) for k, v in figures.items() if k.endswith("_share")},
+    }
+    print(json.dumps(result))

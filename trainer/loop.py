@@ -1,0 +1,342 @@
+"""The RL trainer on Kafka (`rollstream train`): `groups` + `trajectories` in; versions and steps out.
+
+One process reads every partition of `groups` and of `trajectories` (assigned by
+hand, no consumer group: the checkpoint, not Kafka, holds its offsets). Groups are
+taken in the deterministic cross-partition order of `trainer.ordering`; each is
+judged (`trainer.intake.judge_group`): dropped by the stream policies or stale at
+the trainer's version means counted, not trained; a kept group is joined with
+its member trajectories by id (both topics are keyed by group id, but the
+trajectory may still be on its way: the trainer reads `trajectories` until the
+members are there, never waiting for a particular rollout to finish). When
+`trainer.groups_per_step` kept groups are in, the backend trains one step, the
+new version is written (`trainer.publish`) and announced on `weights` and
+`weights.history`, then the step's metrics go to `trainer.steps`. The consumers'
+background prefetching is paused while a step trains and publishes (measured: it
+slowed torch's threads on a 2-core machine; `bench trainer`).
+
+Resume: every `trainer.checkpoint_every` steps, when `--steps` is reached and on
+SIGTERM, a checkpoint (`trainer.resume`) records the state as of the end of the
+last step: model, optimizer, RNG, version, step, the groups taken so far and the
+offsets (groups: after the last group taken into a trained batch; trajectories:
+the lowest still needed). A trainer killed at any moment restarts from it, reads
+again what it had consumed since, and, the order being a function of the log,
+trains on the same groups in the same batches; re-published versions are
+identical (deterministic event ids, same checksum).
+
+Each phase is logged as `phase=<name> step=<n> version=<v>` (`update`, `publish`,
+`publish.rename`, `between`); `trainer.phase_pause_s` (a test hook, 0 by default)
+sleeps after each marker so a test can kill the process inside a phase.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiokafka import TopicPartition
+
+from streams.bus import EventConsumer, EventProducer
+from streams.events import Event
+from streams.payloads import GroupFormed, StepTimes, TrainerStep, TrajectoryAssembled
+from streams.settings import KafkaSettings, TopicSettings
+from streams.topics import partitions, topic_name
+from trainer.backends import TrainBackend
+from trainer.batch import GroupMismatchError, TrainSample, samples_of
+from trainer.intake import STALE, TRAIN, ZERO_VARIANCE, TrajectoryBuffer, batch_staleness, judge_group
+from trainer.model import ModelConfig
+from trainer.ordering import PartitionMerger
+from trainer.publish import announce, step_event, write_version
+from trainer.resume import Checkpoint, save_checkpoint
+from trainer.settings import TrainerSettings
+from trainer.step import StepMetrics
+
+log = logging.getLogger(__name__)
+WAIT_LOG_S = 30.0  # how often a wait for missing member trajectories is reported
+
+
+@dataclass(frozen=True)
+class RunTarget:
+    """Where a run's versions and checkpoint go, and what it starts from."""
+
+    run_id: str
+    base_dir: Path  # the model directory: tokenizer and side files of every version
+    weights_dir: Path
+    checkpoint: Path
+    model_config: ModelConfig
+    model_shape: dict[str, object]
+
+
+@dataclass
+class TrainerState:
+    version: int
+    step: int
+    offsets: dict[str, dict[int, int]] = field(default_factory=dict)
+    taken_groups: set[str] = field(default_factory=set)
+
+
+class RlTrainer:
+    """`await trainer.run(stop)`: train until `max_steps` (total) or `stop` is set."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        topics: TopicSettings,
+        settings: TrainerSettings,
+        *,
+        max_staleness: int,
+        target: RunTarget,
+        backend: TrainBackend,
+        state: TrainerState,
+        max_steps: int | None = None,
+    ) -> None:
+        self.kafka, self.topics, self.settings = kafka, topics, settings
+        self.max_staleness, self.target, self.backend = max_staleness, target, backend
+        self.state, self.max_steps = state, max_steps
+        group_parts = range(partitions(topics, "groups"))
+        traj_parts = range(partitions(topics, "trajectories"))
+        self.merger: PartitionMerger[Event] = PartitionMerger(
+            {p: state.offsets.get("groups", {}).get(p, 0) for p in group_parts}
+        )
+        self.trajectory_positions = {p: state.offsets.get("trajectories", {}).get(p, 0) for p in traj_parts}
+        self.buffer = TrajectoryBuffer(settings.trajectory_buffer)
+        self.exhausted: set[int] = set()
+        self.seen: Counter[str] = Counter()  # verdicts since the last step
+        self.saved_step = state.step
+
+    async def run(self, stop: asyncio.Event) -> TrainerState:
+        async with (
+            EventProducer(self.kafka, self.topics) as producer,
+            self._consumer("groups") as groups,
+            self._consumer("trajectories") as trajectories,
+        ):
+            await self._seek(groups, "groups", self.merger.taken_positions())
+            await self._seek(trajectories, "trajectories", self.trajectory_positions)
+            while not stop.is_set() and (self.max_steps is None or self.state.step < self.max_steps):
+                started = time.monotonic()
+                batch = await self._collect(stop, groups, trajectories)
+                if batch is None:
+                    break
+                with _paused(groups, trajectories):  # no prefetching beside the update's threads
+                    await self._train(batch, time.monotonic() - started, producer)
+                if self.state.step % self.settings.checkpoint_every == 0:
+                    self.save()
+                self._phase("between")
+        if self.state.step != self.saved_step:
+            self.save()
+        return self.state
+
+    def save(self) -> None:
+        save_checkpoint(
+            self.target.checkpoint,
+            Checkpoint(
+                run_id=self.target.run_id,
+                mode="rl",
+                version=self.state.version,
+                step=self.state.step,
+                model_shape=self.target.model_shape,
+                backend_state=self.backend.checkpoint_state(),
+                offsets=self.state.offsets,
+                taken_groups=frozenset(self.state.taken_groups),
+            ),
+        )
+        self.saved_step = self.state.step
+        log.info("checkpoint step=%d version=%d %s", self.state.step, self.state.version, self.state.offsets)
+
+    def _consumer(self, short: str) -> EventConsumer:
+        return EventConsumer(
+            self.kafka, self.topics, [short], group_id=None, name=f"trainer-{short}", subscribe=False
+        )
+
+    async def _seek(self, consumer: EventConsumer, short: str, start: dict[int, int]) -> None:
+        name = topic_name(self.topics, short)
+        tps = {p: TopicPartition(name, p) for p in start}
+        consumer.consumer.assign(list(tps.values()))
+        for p, offset in start.items():
+            consumer.consumer.seek(tps[p], offset)
+
+    async def _collect(
+        self, stop: asyncio.Event, groups: EventConsumer, trajectories: EventConsumer
+    ) -> list[tuple[Event, list[TrainSample]]] | None:
+        """The next batch of kept groups with their samples, in order; None once `stop` is set."""
+        batch: list[tuple[Event, list[TrainSample]]] = []
+        in_batch: set[str] = set()
+        while len(batch) < self.settings.groups_per_step:
+            if stop.is_set():
+                return None
+            taken = self.merger.take(self.exhausted)
+            if taken is None:
+                await self._fetch_groups(groups)
+                continue
+            event = taken.item
+            group_id = event.group_id or ""
+            if group_id in self.state.taken_groups or group_id in in_batch:
+                continue  # a re-emitted copy of a group already taken
+            in_batch.add(group_id)
+            group = event.data
+            assert isinstance(group, GroupFormed)
+            verdict = judge_group(group, self.state.version, self.max_staleness)
+            if verdict != TRAIN:
+                self.seen[verdict] += 1
+                self.buffer.take(group.members)
+                continue
+            members = await self._members(group, group_id, trajectories, stop)
+            if members is None:
+                return None
+            try:
+                batch.append((event, samples_of(group, members, group_id)))
+            except GroupMismatchError as error:  # bad data never trains, and must not stop the run
+                self.seen["malformed"] += 1
+                log.warning("group %s skipped: %s", group_id, error)
+        self.state.taken_groups |= in_batch
+        return batch
+
+    async def _fetch_groups(self, groups: EventConsumer) -> None:
+        for record in await groups.batch(timeout_ms=self.settings.poll_ms, max_records=10_000):
+            if record.event.run_id == self.target.run_id and isinstance(record.event.data, GroupFormed):
+                self.merger.add(record.partition, record.offset, record.event.time_ns, record.event)
+                self.exhausted.discard(record.partition)  # at its end again only once re-checked
+        empty = self.merger.empty_partitions()
+        if not empty:
+            return
+        name = topic_name(self.topics, "groups")
+        tps = [TopicPartition(name, p) for p in empty]
+        ends = await groups.consumer.end_offsets(tps)
+        self.exhausted = {tp.partition for tp in tps if await groups.consumer.position(tp) >= ends[tp]}
+
+    async def _members(
+        self, group: GroupFormed, group_id: str, trajectories: EventConsumer, stop: asyncio.Event
+    ) -> dict[str, TrajectoryAssembled] | None:
+        """The member trajectories of a kept group, reading `trajectories` until they are all there."""
+        last_report = time.monotonic()
+        while missing := self.buffer.missing(group.members):
+            if stop.is_set():
+                return None
+            for record in await trajectories.batch(timeout_ms=self.settings.poll_ms, max_records=10_000):
+                event, data = record.event, record.event.data
+                self.trajectory_positions[record.partition] = record.offset + 1
+                if event.run_id != self.target.run_id or not isinstance(data, TrajectoryAssembled):
+                    continue
+                if event.group_id in self.state.taken_groups:
+                    continue  # its group was trained or dropped already (read again after a restart)
+                self.buffer.add(event.trajectory_id or "", record.partition, record.offset, data)
+            if time.monotonic() - last_report > WAIT_LOG_S:
+                last_report = time.monotonic()
+                log.warning("group %s waits for trajectories %s (not read yet or evicted)", group_id, missing)
+        return self.buffer.take(group.members)
+
+    async def _train(
+        self, batch: list[tuple[Event, list[TrainSample]]], wait_s: float, producer: EventProducer
+    ) -> None:
+        samples = [sample for _, group_samples in batch for sample in group_samples]
+        staleness = batch_staleness(samples, self.state.version)
+        self._phase("update", self.state.step + 1)
+        metrics = self.backend.rl_step(samples)
+        self.state.step += 1
+        self.state.version += 1
+        self.state.offsets = {
+            "groups": self.merger.taken_positions(),
+            "trajectories": self.buffer.lowest_needed(self.trajectory_positions),
+        }
+        publish_started = time.monotonic()
+        await self.publish(producer)
+        publish_s = time.monotonic() - publish_started
+        data = step_payload(
+            metrics,
+            step=self.state.step,
+            version=self.state.version,
+            group_ids=[event.group_id or "" for event, _ in batch],
+            seen=self.seen,
+            staleness_mean=staleness.mean,
+            staleness_max=staleness.max,
+            times=StepTimes(
+                wait_s=wait_s,
+                logprob_s=metrics.logprob_s,
+                update_s=metrics.update_s,
+                publish_s=publish_s,
+                total_s=wait_s + metrics.logprob_s + metrics.update_s + publish_s,
+            ),
+        )
+        await producer.send("trainer.steps", step_event(self.target.run_id, data, time.time_ns()))
+        await producer.flush()
+        self.seen = Counter()
+        log.info(
+            "step=%d version=%d loss=%.4f grad_norm=%.4f tokens=%d wait=%.2fs update=%.2fs publish=%.2fs",
+            data.step, data.version, data.loss, data.grad_norm, data.tokens, wait_s,
+            metrics.logprob_s + metrics.update_s, publish_s,
+        )  # fmt: skip
+
+    async def publish(self, producer: EventProducer) -> None:
+        """Write the current weights as `state.version`, then announce it on `weights` and history."""
+        self._phase("publish")
+        published = write_version(
+            self.backend.hf_state_dict(),
+            self.target.model_config,
+            base_dir=self.target.base_dir,
+            weights_dir=self.target.weights_dir,
+            run_id=self.target.run_id,
+            version=self.state.version,
+            before_rename=lambda: self._phase("publish.rename"),
+        )
+        await announce(producer, self.target.run_id, published, self.state.step)
+
+    def _phase(self, name: str, step: int | None = None) -> None:
+        log.info("phase=%s step=%d version=%d", name, self.state.step if step is None else step,
+                 self.state.version)  # fmt: skip
+        if self.settings.phase_pause_s:
+            time.sleep(self.settings.phase_pause_s)
+
+
+@contextlib.contextmanager
+def _paused(*consumers: EventConsumer) -> Iterator[None]:
+    """Stop the consumers' background fetches while a step trains and publishes."""
+    for consumer in consumers:
+        consumer.consumer.pause(*consumer.consumer.assignment())
+    try:
+        yield
+    finally:
+        for consumer in consumers:
+            consumer.consumer.resume(*consumer.consumer.assignment())
+
+
+def step_payload(
+    metrics: StepMetrics,
+    *,
+    step: int,
+    version: int,
+    group_ids: Sequence[str],
+    seen: Counter[str],
+    staleness_mean: float,
+    staleness_max: int,
+    times: StepTimes,
+    mode: str = "rl",
+) -> TrainerStep:
+    """The `trainer.steps` payload of one step (schema v2)."""
+    return TrainerStep(
+        step=step,
+        version=version,
+        mode=mode,
+        groups=len(group_ids),
+        trajectories=metrics.trajectories,
+        group_ids=list(group_ids),
+        loss=metrics.loss,
+        grad_norm=metrics.grad_norm,
+        clip_frac_low=metrics.clip_frac_low,
+        clip_frac_high=metrics.clip_frac_high,
+        entropy=metrics.entropy,
+        mean_logprob_diff=metrics.mean_logprob_diff,
+        ess=metrics.ess,
+        ess_seq=metrics.ess_seq,
+        reward_mean=metrics.reward_mean,
+        zero_variance_groups=seen[ZERO_VARIANCE],
+        stale_groups=seen[STALE],
+        staleness_mean=staleness_mean,
+        staleness_max=staleness_max,
+        tokens=metrics.tokens,
+        times=times,
+    )

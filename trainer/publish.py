@@ -1,0 +1,134 @@
+"""Publishing a weight version: files first, then the events that announce them.
+
+`write_version` writes a complete Hugging Face directory into a temp directory
+under `<weights_dir>/<run>/` (the base model's tokenizer and side files, the new
+weights), checksums it (`trainer.versions.directory_sha256`) and renames it to
+`version_dir(weights_dir, run, version)`, so an engine sees a whole version or
+none. A version that already exists with the same checksum (a trainer re-doing a
+step after a crash) is kept as it is; one with another checksum is an error, since
+its `weights` events are already out and consumers drop a re-publish as a duplicate.
+`remove_temp_dirs` clears what a kill mid-publish left behind (done at start).
+
+The events (`version_events`, `step_event`) have deterministic ids: run, topic and
+version (or step), so a re-publish after a crash is a duplicate consumers drop.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from streams.bus import EventProducer
+from streams.events import Event, make_event
+from streams.payloads import TrainerStep, WeightsPublished
+from trainer.checkpoint import save_version_weights
+from trainer.model import ModelConfig
+from trainer.versions import TEMP_PREFIX, directory_sha256, version_dir
+
+SOURCE = "trainer"
+
+
+class PublishError(RuntimeError):
+    """A version could not be published; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class PublishedVersion:
+    version: int
+    path: Path
+    checksum: str
+    existed: bool  # already on disk with this checksum (a re-publish)
+
+
+def run_weights_dir(weights_dir: Path, run_id: str) -> Path:
+    return Path(weights_dir) / run_id
+
+
+def remove_temp_dirs(weights_dir: Path, run_id: str) -> list[Path]:
+    """Delete half-written versions (temp dirs) of `run_id`; returns what was removed."""
+    root = run_weights_dir(weights_dir, run_id)
+    removed = sorted(p for p in root.glob(f"{TEMP_PREFIX}*") if p.is_dir()) if root.is_dir() else []
+    for path in removed:
+        shutil.rmtree(path)
+    return removed
+
+
+def write_version(
+    tensors: dict[str, torch.Tensor],
+    config: ModelConfig,
+    *,
+    base_dir: Path,
+    weights_dir: Path,
+    run_id: str,
+    version: int,
+    before_rename: Callable[[], None] | None = None,
+) -> PublishedVersion:
+    """Write version `version` of `run_id` (temp dir, checksum, rename); see the module docstring.
+    `before_rename` runs once the temp dir is complete (the loop logs a phase marker there)."""
+    final = version_dir(weights_dir, run_id, version)
+    temp = final.with_name(f"{TEMP_PREFIX}{final.name}")
+    if temp.exists():
+        shutil.rmtree(temp)
+    save_version_weights(tensors, config, base_dir, temp, version)
+    checksum = directory_sha256(temp)
+    if before_rename is not None:
+        before_rename()
+    if final.exists():
+        existing = directory_sha256(final)
+        shutil.rmtree(temp)
+        if existing != checksum:
+            raise PublishError(
+                f"{final} already exists with sha256 {existing[:12]}…, but this trainer computed "
+                f"{checksum[:12]}… for version {version}: training was not deterministic since the "
+                "checkpoint (another device or thread count?). Resume where the checkpoint was written, "
+                "or start a new --run"
+            )
+        return PublishedVersion(version, final, checksum, existed=True)
+    os.rename(temp, final)
+    return PublishedVersion(version, final, checksum, existed=False)
+
+
+def version_events(run_id: str, published: PublishedVersion, step: int, time_ns: int) -> tuple[Event, Event]:
+    """The `weights` (compacted) and `weights.history` events of a published version."""
+    data = WeightsPublished(
+        version=published.version, path=str(published.path), step=step, checksum=published.checksum
+    )
+    return tuple(  # type: ignore[return-value]
+        make_event(
+            data,
+            run_id=run_id,
+            seq=published.version,
+            time_ns=time_ns,
+            source=SOURCE,
+            policy_version=published.version,
+            id_key=f"{run_id}/{topic}",
+        )
+        for topic in ("weights", "weights.history")
+    )
+
+
+async def announce(producer: EventProducer, run_id: str, published: PublishedVersion, step: int) -> None:
+    """Send the version's `weights` and `weights.history` events and wait until both are acked."""
+    weights, history = version_events(run_id, published, step, time.time_ns())
+    await producer.send("weights", weights)
+    await producer.send("weights.history", history)
+    await producer.flush()
+
+
+def step_event(run_id: str, data: TrainerStep, time_ns: int) -> Event:
+    """The `trainer.steps` event of a step (id from run and step)."""
+    return make_event(
+        data,
+        run_id=run_id,
+        seq=data.step,
+        time_ns=time_ns,
+        source=SOURCE,
+        policy_version=data.version,
+        id_key=f"{run_id}/trainer.steps",
+    )
