@@ -30,6 +30,19 @@ class EngineSettings(Frozen):
     seed: int = 0
 
 
+class FollowSettings(Frozen):
+    """Engines following the `weights` topic (`rollstream engine serve --follow-weights RUN`,
+    `rollstream weights follow`). Which versions they load is `trainer.sync_every`."""
+
+    poll_ms: int = Field(default=500, ge=1, description="longest wait for new `weights` records in one poll")
+    retry_s: float = Field(
+        default=5.0, gt=0, description="wait before retrying an engine that could not be reached or load"
+    )
+    load_timeout_s: float = Field(
+        default=600.0, gt=0, description="one /update_weights_from_disk call (large models load for minutes)"
+    )
+
+
 class ClientSettings(Frozen):
     """The engine client: routing, pool and retries. No hidden caps."""
 
@@ -61,3 +74,10 @@ class RolloutSettings(Frozen):
     request_poll_ms: int = 200
     commit_interval_s: float = Field(default=1.0, gt=0, description="commit finished requests this often")
     keepalive_s: float = Field(default=5.0, gt=0, description="poll interval while every slot is busy")
+    drain_timeout_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=240,  # no poll while draining: stay well inside aiokafka's 300 s max poll interval
+        description="on SIGTERM, how long in-flight episodes may finish before the worker exits; fits the "
+        "pipeline supervisor's 15 s TERM-to-KILL window with time left to commit and leave the group",
+    )
