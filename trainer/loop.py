@@ -38,6 +38,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiokafka import TopicPartition
 
@@ -78,6 +79,25 @@ class TrainerState:
     step: int
     offsets: dict[str, dict[int, int]] = field(default_factory=dict)
     taken_groups: set[str] = field(default_factory=set)
+
+
+def save_run_checkpoint(
+    target: RunTarget, state: TrainerState, backend: TrainBackend, *, mode: str, **position: Any
+) -> None:
+    """Checkpoint the run as of the end of its last step; `position` is the mode's own
+    (RL: offsets and taken groups; SFT: `extra` with epoch and index)."""
+    save_checkpoint(
+        target.checkpoint,
+        Checkpoint(
+            run_id=target.run_id,
+            mode=mode,
+            version=state.version,
+            step=state.step,
+            model_shape=target.model_shape,
+            backend_state=backend.checkpoint_state(),
+            **position,
+        ),
+    )
 
 
 class RlTrainer:
@@ -132,18 +152,13 @@ class RlTrainer:
         return self.state
 
     def save(self) -> None:
-        save_checkpoint(
-            self.target.checkpoint,
-            Checkpoint(
-                run_id=self.target.run_id,
-                mode="rl",
-                version=self.state.version,
-                step=self.state.step,
-                model_shape=self.target.model_shape,
-                backend_state=self.backend.checkpoint_state(),
-                offsets=self.state.offsets,
-                taken_groups=frozenset(self.state.taken_groups),
-            ),
+        save_run_checkpoint(
+            self.target,
+            self.state,
+            self.backend,
+            mode="rl",
+            offsets=self.state.offsets,
+            taken_groups=frozenset(self.state.taken_groups),
         )
         self.saved_step = self.state.step
         log.info("checkpoint step=%d version=%d %s", self.state.step, self.state.version, self.state.offsets)

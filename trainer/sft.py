@@ -27,9 +27,8 @@ from streams.packed import pack, unpack
 from streams.payloads import StepTimes
 from streams.settings import KafkaSettings, TopicSettings
 from trainer.backends import TrainBackend
-from trainer.loop import RunTarget, TrainerState, step_payload
+from trainer.loop import RunTarget, TrainerState, save_run_checkpoint, step_payload
 from trainer.publish import announce, step_event, write_version
-from trainer.resume import Checkpoint, save_checkpoint
 from trainer.settings import TrainerSettings
 from trainer.step import SftSequence
 
@@ -178,15 +177,10 @@ class SftTrainer:
         )
 
     def save(self) -> None:
-        save_checkpoint(
-            self.target.checkpoint,
-            Checkpoint(
-                run_id=self.target.run_id,
-                mode="sft",
-                version=self.state.version,
-                step=self.state.step,
-                model_shape=self.target.model_shape,
-                backend_state=self.backend.checkpoint_state(),
-                extra={"epoch": self.position.epoch, "index": self.position.index},
-            ),
+        save_run_checkpoint(
+            self.target,
+            self.state,
+            self.backend,
+            mode="sft",
+            extra={"epoch": self.position.epoch, "index": self.position.index},
         )

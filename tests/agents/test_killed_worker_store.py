@@ -14,7 +14,6 @@ possibly other samples). Then, on each backend:
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,21 +21,16 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from agents.submit import TaskRef
 from rollstream.commands import replay
 from rollstream.config import Config
 from streams.events import Event
-from streams.payloads import Limits
 from streams.store import open_readonly
 from tests.agents.test_rollout_worker import (  # noqa: F401  (module fixtures: the engine and its model)
-    Worker,
     engine_url,
-    finished_ids,
     model_dir,
     one_task_root,
     read_events,
-    submit,
-    wait_until,
+    run_killed_and_rerun,
 )
 from tests.store.expect import assert_projections, scalar
 from tests.store.sinkrun import run_sink_until_idle
@@ -60,24 +54,6 @@ def finishing_runs(events: list[Event]) -> dict[str, list[Event]]:
         if event.trajectory_id in finisher and event.source == finisher[event.trajectory_id]:
             runs.setdefault(event.trajectory_id, {}).setdefault(event.seq, event)
     return {t: [run[s] for s in sorted(run)] for t, run in runs.items()}
-
-
-def run_killed_and_rerun(config: Config, tasks: Path, engine: str, model: Path, log: Path) -> set[str]:
-    """Submit a group, SIGKILL the first worker after its first turn, let a second finish; the ids."""
-    task_dir = next(tasks.iterdir()).name
-    limits = Limits(max_turns=2, max_new_tokens_per_turn=16, context_cap=4096)
-    expected = set(submit(config, RUN, TaskRef(task_dir, task_dir), 0, ATTEMPTS, limits))
-    first = Worker(config, tasks, engine, model, log)
-    try:
-        wait_until(lambda: any(e.type == "turn.generated" for e in read_events(config)), "a first turn")
-    finally:
-        first.kill(signal.SIGKILL)
-    second = Worker(config, tasks, engine, model, log)
-    try:
-        wait_until(lambda: expected <= finished_ids(read_events(config)), "every request to finish")
-    finally:
-        second.kill(signal.SIGTERM)
-    return expected
 
 
 def replay_datasets(config: Config, url: str, out: Path, from_db: bool) -> dict[str, str]:
@@ -106,7 +82,9 @@ def test_store_after_a_killed_worker_equals_the_topics(
     tmp_path: Path,
 ) -> None:
     config = config_factory("db.sink_batch_size=5")  # SQLite: the two copies land in many transactions
-    expected = run_killed_and_rerun(config, one_task_root, engine_url, model_dir, tmp_path / "worker.log")
+    expected = run_killed_and_rerun(
+        config, one_task_root, engine_url, model_dir, tmp_path / "worker.log", RUN, ATTEMPTS
+    )
     events = read_events(config)
     finishing = finishing_runs(events)
     assert set(finishing) == expected

@@ -271,23 +271,31 @@ def check_against_forward_pass(
             assert float(row.max() - row[tokens[i]]) < 1e-3, f"greedy token {i} is not the argmax"
 
 
+def run_killed_and_rerun(
+    config: Config, tasks: Path, engine: str, model: Path, log: Path, run_id: str, attempts: int
+) -> set[str]:
+    """Submit a group, SIGKILL the first worker after its first turn, let a second finish; the ids."""
+    task_dir = next(tasks.iterdir()).name
+    limits = Limits(max_turns=2, max_new_tokens_per_turn=16, context_cap=4096)
+    expected = set(submit(config, run_id, TaskRef(task_dir, task_dir), 0, attempts, limits))
+    first = Worker(config, tasks, engine, model, log)
+    try:
+        wait_until(lambda: any(e.type == "turn.generated" for e in read_events(config)), "a first turn")
+    finally:
+        first.kill(signal.SIGKILL)
+    second = Worker(config, tasks, engine, model, log)
+    try:
+        wait_until(lambda: expected <= finished_ids(read_events(config)), "every request to finish")
+    finally:
+        second.kill(signal.SIGTERM)
+    return expected
+
+
 def test_killed_worker_leaves_requests_to_rerun_with_the_same_ids(
     kafka_config: Config, one_task_root: Path, engine_url: str, model_dir: Path, tmp_path: Path
 ) -> None:
-    task_dir = next(one_task_root.iterdir()).name
-    limits = Limits(max_turns=2, max_new_tokens_per_turn=16, context_cap=4096)
-    expected = set(submit(kafka_config, "run-k", TaskRef(task_dir, task_dir), 0, 4, limits))
     log = tmp_path / "worker.log"
-    first = Worker(kafka_config, one_task_root, engine_url, model_dir, log)
-    try:
-        wait_until(lambda: any(e.type == "turn.generated" for e in read_events(kafka_config)), "a first turn")
-    finally:
-        first.kill(signal.SIGKILL)
-    second = Worker(kafka_config, one_task_root, engine_url, model_dir, log)
-    try:
-        wait_until(lambda: expected <= finished_ids(read_events(kafka_config)), "every request to finish")
-    finally:
-        second.kill(signal.SIGTERM)
+    expected = run_killed_and_rerun(kafka_config, one_task_root, engine_url, model_dir, log, "run-k", 4)
     events = read_events(kafka_config)
     started = [e.id for e in events if e.type == "trajectory.started"]
     assert len(started) > len(set(started)), "the killed worker's requests were re-run under the same ids"
