@@ -238,7 +238,7 @@ async def read_topic(
 ) -> list[Consumed]:
     """Every decodable record of `short` from offset 0 to its end as of the call.
 
-    Stops when every partition reached that end, or when nothing arrived for `idle_s`.
+    Stops when every partition reached that end (see `_read_whole` for the stall bound).
     Undecodable records are skipped (the live consumers dead-letter them)."""
     out: list[Consumed] = []
     async for records in _read_whole(kafka, topics, short, idle_s):
@@ -268,7 +268,10 @@ async def _read_whole(
     kafka: KafkaSettings, topics: TopicSettings, short: str, idle_s: float
 ) -> AsyncIterator[list[ConsumerRecord[bytes, bytes]]]:
     """Batches of `short`'s records from offset 0 until every partition reached its end as of the
-    call, or nothing arrived for `idle_s`."""
+    call. `idle_s` is how long one fetch waits; the read gives up early only when nothing arrived
+    for the longer of `idle_s` and `kafka.request_timeout_ms` (a broker that stopped answering):
+    on a loaded machine one fetch can take longer than `idle_s`, and stopping then returned a
+    partial topic as if it were whole."""
     name = topic_name(topics, short)
     consumer = raw_consumer(kafka, [], None, f"read-{short}", True)
     await consumer.start()
@@ -278,12 +281,13 @@ async def _read_whole(
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
+        stall_s = max(idle_s, kafka.request_timeout_ms / 1000)
         last_progress = time.monotonic()
         while await behind(consumer, ends):
             fetched = await consumer.getmany(*tps, timeout_ms=int(idle_s * 1000), max_records=10_000)
             if any(fetched.values()):
                 last_progress = time.monotonic()
-            elif time.monotonic() - last_progress >= idle_s:
+            elif time.monotonic() - last_progress >= stall_s:
                 break
             for records in fetched.values():
                 yield records

@@ -87,5 +87,5 @@ class StreamWorkerSettings(Frozen):
         default=200_000, description="group ids remembered after emission, to ignore late duplicates"
     )
     readback_idle_s: float = Field(
-        default=1.0, description="idle time that ends reading back own output at start"
+        default=1.0, description="longest wait of one fetch while reading back own output at start"
     )
