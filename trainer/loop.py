@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,26 @@ def save_run_checkpoint(
             **position,
         ),
     )
+
+
+async def publish_version(
+    producer: EventProducer,
+    target: RunTarget,
+    backend: TrainBackend,
+    state: TrainerState,
+    before_rename: Callable[[], None] | None = None,
+) -> None:
+    """Write the backend's weights as `state.version` of the run, then announce it (RL and SFT)."""
+    published = write_version(
+        backend.hf_state_dict(),
+        target.model_config,
+        base_dir=target.base_dir,
+        weights_dir=target.weights_dir,
+        run_id=target.run_id,
+        version=state.version,
+        before_rename=before_rename,
+    )
+    await announce(producer, target.run_id, published, state.step)
 
 
 class RlTrainer:
@@ -289,16 +310,8 @@ class RlTrainer:
     async def publish(self, producer: EventProducer) -> None:
         """Write the current weights as `state.version`, then announce it on `weights` and history."""
         self._phase("publish")
-        published = write_version(
-            self.backend.hf_state_dict(),
-            self.target.model_config,
-            base_dir=self.target.base_dir,
-            weights_dir=self.target.weights_dir,
-            run_id=self.target.run_id,
-            version=self.state.version,
-            before_rename=lambda: self._phase("publish.rename"),
-        )
-        await announce(producer, self.target.run_id, published, self.state.step)
+        renaming = functools.partial(self._phase, "publish.rename")
+        await publish_version(producer, self.target, self.backend, self.state, before_rename=renaming)
 
     def _phase(self, name: str, step: int | None = None) -> None:
         log.info("phase=%s step=%d version=%d", name, self.state.step if step is None else step,

@@ -27,8 +27,8 @@ from streams.packed import pack, unpack
 from streams.payloads import StepTimes
 from streams.settings import KafkaSettings, TopicSettings
 from trainer.backends import TrainBackend
-from trainer.loop import RunTarget, TrainerState, save_run_checkpoint, step_payload
-from trainer.publish import announce, step_event, write_version
+from trainer.loop import RunTarget, TrainerState, publish_version, save_run_checkpoint, step_payload
+from trainer.publish import step_event
 from trainer.settings import TrainerSettings
 from trainer.step import SftSequence
 
@@ -143,15 +143,7 @@ class SftTrainer:
         self.state.step += 1
         self.state.version += 1
         started = time.monotonic()
-        published = write_version(
-            self.backend.hf_state_dict(),
-            self.target.model_config,
-            base_dir=self.target.base_dir,
-            weights_dir=self.target.weights_dir,
-            run_id=self.target.run_id,
-            version=self.state.version,
-        )
-        await announce(producer, self.target.run_id, published, self.state.step)
+        await publish_version(producer, self.target, self.backend, self.state)
         publish_s = time.monotonic() - started
         data = step_payload(
             metrics,
