@@ -99,18 +99,9 @@ def version_events(run_id: str, published: PublishedVersion, step: int, time_ns:
     data = WeightsPublished(
         version=published.version, path=str(published.path), step=step, checksum=published.checksum
     )
-    return tuple(  # type: ignore[return-value]
-        make_event(
-            data,
-            run_id=run_id,
-            seq=published.version,
-            time_ns=time_ns,
-            source=SOURCE,
-            policy_version=published.version,
-            id_key=f"{run_id}/{topic}",
-        )
-        for topic in ("weights", "weights.history")
-    )
+    weights = trainer_event(data, run_id, "weights", published.version, published.version, time_ns)
+    history = trainer_event(data, run_id, "weights.history", published.version, published.version, time_ns)
+    return weights, history
 
 
 async def announce(producer: EventProducer, run_id: str, published: PublishedVersion, step: int) -> None:
@@ -123,12 +114,20 @@ async def announce(producer: EventProducer, run_id: str, published: PublishedVer
 
 def step_event(run_id: str, data: TrainerStep, time_ns: int) -> Event:
     """The `trainer.steps` event of a step (id from run and step)."""
+    return trainer_event(data, run_id, "trainer.steps", data.step, data.version, time_ns)
+
+
+def trainer_event(
+    data: WeightsPublished | TrainerStep, run_id: str, topic: str, seq: int, version: int, time_ns: int
+) -> Event:
+    """An event the trainer writes: its id comes from (run, topic, seq) alone, so a trainer redoing
+    a step after a crash writes the same ids and consumers drop the repeat."""
     return make_event(
         data,
         run_id=run_id,
-        seq=data.step,
+        seq=seq,
         time_ns=time_ns,
         source=SOURCE,
-        policy_version=data.version,
-        id_key=f"{run_id}/trainer.steps",
+        policy_version=version,
+        id_key=f"{run_id}/{topic}",
     )
