@@ -69,7 +69,7 @@ from sandboxes.base import (
     Timings,
 )
 from sandboxes.bwrap_args import bwrap_argv, python_home
-from sandboxes.bwrap_process import Reaper
+from sandboxes.bwrap_process import Reaper, freeze_tree
 from sandboxes.bwrap_results import copy_any, exec_result, raise_transfer_error
 from sandboxes.bwrap_uids import UidAllocator, UidsExhaustedError
 from sandboxes.settings import SandboxSettings
@@ -251,6 +251,12 @@ class BwrapSandbox:
         reply = await self._call(request, wait_s)
         self.timings.execs.append(reply["duration_s"])
         return exec_result(reply)
+
+    async def freeze(self) -> None:
+        """Stop every process of the sandbox in place (`sandbox.faults.hang_rate`): the next call
+        waits out its own deadline and raises `SandboxTimeoutError`, as with a real hang."""
+        if self._process is not None and self._process.returncode is None:
+            freeze_tree(self._process.pid)
 
     async def upload(self, local: Path, remote: str) -> None:
         host = self._host_path(remote)

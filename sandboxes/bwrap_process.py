@@ -49,6 +49,14 @@ def kill_tree(leader: int) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def freeze_tree(leader: int) -> None:
+    """SIGSTOP `leader` and every descendant: alive, answering nothing (an injected hang).
+    `kill_tree`'s SIGKILL still ends a frozen tree."""
+    for pid in process_tree(leader):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGSTOP)
+
+
 class Reaper:
     """Waits for killed `bwrap` trees that outlive the stop timeout, then runs their cleanup."""
 

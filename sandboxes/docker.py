@@ -370,6 +370,11 @@ class DockerSandbox:
         self._stopped = True
         await self._remove_quietly()
 
+    async def freeze(self) -> None:
+        """Pause the container (`sandbox.faults.hang_rate`): calls on it then time out into
+        `SandboxTimeoutError` (a paused container answers nothing), as with a real hang."""
+        await self._require_running().request("POST", f"/containers/{self.container_id}/pause")
+
     def _absolute(self, remote: str) -> str:
         return remote if remote.startswith("/") else f"{self._docker.workdir.rstrip('/')}/{remote}"
 

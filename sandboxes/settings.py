@@ -129,6 +129,28 @@ class E2BSettings(Frozen):
         return user.strip()
 
 
+class SandboxFaultSettings(Frozen):
+    """Faults injected into the real backend (`sandboxes/faults.py`); all 0 = off, the default."""
+
+    start_failure_rate: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="fraction of sandbox starts that fail (sandbox_start)"
+    )
+    hang_rate: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="fraction of starts and of execs that never return: a start is ended by "
+        "pool.start_timeout_s, an exec (the sandbox frozen in place) by the backend's own handling "
+        "(bwrap: command timeout + server_grace_s; docker: a paused container's exec fails as a "
+        "timeout); bwrap and docker only",
+    )
+    seed: int = Field(default=0, description="seed of the fault draws: the same calls get the same faults")
+
+    @property
+    def active(self) -> bool:
+        return self.start_failure_rate > 0 or self.hang_rate > 0
+
+
 class SandboxSettings(Frozen):
     backend: Literal["bwrap", "docker", "e2b", "simulated"] = "bwrap"
     limits: LimitSettings = LimitSettings()
@@ -136,6 +158,7 @@ class SandboxSettings(Frozen):
     bwrap: BwrapSettings = BwrapSettings()
     docker: DockerSettings = DockerSettings()
     e2b: E2BSettings = E2BSettings()
+    faults: SandboxFaultSettings = SandboxFaultSettings()
 
 
 class TaskSettings(Frozen):

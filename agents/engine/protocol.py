@@ -70,11 +70,14 @@ class Generation:
 class EngineError(Exception):
     """An inference request that failed for a reason that is not the model's answer."""
 
-    def __init__(self, kind: EngineErrorKind, message: str, *, engine_id: str = "") -> None:
+    def __init__(
+        self, kind: EngineErrorKind, message: str, *, engine_id: str = "", injected: bool = False
+    ) -> None:
         super().__init__(f"[{kind}] {engine_id + ': ' if engine_id else ''}{message}")
         self.kind: EngineErrorKind = kind
         self.message = message
         self.engine_id = engine_id
+        self.injected = injected  # caused by `client.faults` (agents/engine/faults.py), not the engine
 
     @property
     def retryable(self) -> bool:
