@@ -24,7 +24,8 @@ than raising, so `run` reads top-down: start, sandbox, turns, verifier, finish):
 - `Episode.abort()` (group deadline): the in-flight engine request is aborted,
   no verifier, `truncated:deadline` with reward 0;
 - an infrastructure failure (sandbox, engine, network, verifier): `infra_error:*`
-  with reward None, never a score.
+  with reward None, never a score; one injected by `sandbox.faults` / `client.faults`
+  is marked `injected` on `sandbox.failed` and `trajectory.finished`.
 
 A task cancelled without `abort()` (worker shutdown) writes nothing more: its
 request is re-run elsewhere and the re-run writes the same ids.
@@ -151,6 +152,7 @@ class Ending:
     outcome: Outcome
     reward: float | None = None
     error: str | None = None
+    injected: bool = False  # an infrastructure error injected by sandbox.faults / client.faults
 
     @classmethod
     def judged(cls, stopped: Ending | None, verdict: Verdict) -> Ending:
@@ -238,8 +240,10 @@ class Episode:
                 return await self._episode(box)
         except SandboxError as error:
             kind = error.kind if box is None or error.kind != "sandbox_start" else "sandbox_lost"
-            await self._emit(SandboxFailed(backend=backend, error_kind=kind, message=str(error)))
-            return Ending(infra_outcome(kind), None, f"{type(error).__name__}: {error}")
+            await self._emit(SandboxFailed(
+                backend=backend, error_kind=kind, message=str(error), injected=error.injected,
+            ))  # fmt: skip
+            return Ending(infra_outcome(kind), None, f"{type(error).__name__}: {error}", error.injected)
         finally:
             if box is not None and ready_at and (self.aborted is not None or not self._cancelled()):
                 lifetime = time.monotonic() - ready_at
@@ -255,6 +259,7 @@ class Episode:
         self.counters.queue_s = timings.queued_s
         await self._emit(SandboxReady(
             backend=box.backend, sandbox_id=box.id, queue_wait_s=max(timings.queued_s, 0.0),
+            cap_waits=dict(timings.cap_waits),
             start_s=max(timings.start_s, 0.0),
         ))  # fmt: skip
 
@@ -331,7 +336,7 @@ class Episode:
         except EngineError as error:
             self._rid = None
             outcome = ENGINE_ERROR_OUTCOMES.get(error.kind, Outcome.INFRA_ENGINE)
-            return Ending(outcome, None, None if outcome.is_truncated else str(error))
+            return Ending(outcome, None, None if outcome.is_truncated else str(error), error.injected)
         finally:
             c.llm_s += time.monotonic() - t0
         self._rid = None
@@ -415,7 +420,7 @@ class Episode:
             outcome=ending.outcome, reward=None if ending.outcome.is_infra_error else ending.reward,
             turns=c.turns, generated_tokens=c.generated, context_tokens=len(c.context), last_seq=self.seq,
             error=ending.error,
-            times=times,
+            times=times, injected=ending.injected and ending.outcome.is_infra_error,
         )  # fmt: skip
         await self._emit(finished)
         return finished

@@ -18,13 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollstream.launcher.process import log_tail
+from rollstream.supervisor import ProcessExitedError
+
+__all__ = ["Pipeline", "ProcessExitedError"]  # `rollstream.supervisor.Supervisor` restarts; this does not
 
 _PR_SET_PDEATHSIG = 1
-
-
-class ProcessExitedError(RuntimeError):
-    """A pipeline process ended while it should be running."""
-
 
 def _die_with_parent() -> None:
     libc = ctypes.CDLL("libc.so.6", use_errno=True)

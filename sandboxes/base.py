@@ -51,16 +51,19 @@ class Timings:
     start_attempts: int = 1  # tries the backend needed (a retried start is still one start)
     execs: list[float] = field(default_factory=list)
     warm: bool = False  # handed out from the pool's warm sandboxes (started ahead of the request)
+    cap_waits: dict[str, float] = field(default_factory=dict)  # seconds the request waited, by pool cap
 
 
 class SandboxError(Exception):
-    """An infrastructure failure. `kind` names the `infra_error:*` outcome."""
+    """An infrastructure failure. `kind` names the `infra_error:*` outcome; `injected` says
+    that `sandbox.faults` caused it (fault injection), so it can be counted against what was injected."""
 
     kind = "sandbox_lost"
 
-    def __init__(self, message: str, *, backend: str = "") -> None:
+    def __init__(self, message: str, *, backend: str = "", injected: bool = False) -> None:
         super().__init__(message)
         self.backend = backend
+        self.injected = injected
 
 
 class SandboxStartError(SandboxError):
@@ -110,6 +113,28 @@ class Sandbox(Protocol):
     async def download(self, remote: str, local: Path) -> None: ...
 
     async def stop(self) -> None: ...
+
+
+@runtime_checkable
+class Freezable(Protocol):
+    """A sandbox that can be frozen in place: alive, but answering nothing (a real hang, for
+    `sandbox.faults.hang_rate`); the backend's own deadlines then end what waits on it."""
+
+    async def freeze(self) -> None: ...
+
+
+@runtime_checkable
+class FaultRecording(Protocol):
+    """A sandbox that knows whether a fault was injected into it (`sandboxes.faults`), so a
+    caller that turns its hang into an error (the pool's start timeout) can mark it injected."""
+
+    @property
+    def fault_injected(self) -> bool: ...
+
+
+def fault_injected(box: object) -> bool:
+    """Whether a fault was injected into `box` (False for sandboxes without fault injection)."""
+    return isinstance(box, FaultRecording) and box.fault_injected
 
 
 @runtime_checkable

@@ -2,14 +2,19 @@
 
 Each cap the pool enforces (`running`, `starting`, `start_rate`, `image_pulls`)
 records the total and longest wait and how many callers had to wait, so a report
-can say which cap binds instead of blaming the GPUs.
+can say which cap binds instead of blaming the GPUs. Inside `request_waits()` a
+request also collects its own share (the pool puts it on the sandbox's `Timings`,
+and the episode on `sandbox.ready`), so each event says which cap it waited on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 CAP_NAMES = ("running", "starting", "start_rate", "image_pulls")
@@ -24,6 +29,27 @@ class CapWait:
     count: int = 0
 
 
+_REQUEST_WAITS: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar(
+    "sandbox_request_cap_waits", default=None
+)
+
+
+@contextlib.contextmanager
+def request_waits() -> Iterator[dict[str, float]]:
+    """Collect, per cap, the seconds the current task (and tasks it starts) waits on caps."""
+    waits: dict[str, float] = {}
+    token = _REQUEST_WAITS.set(waits)
+    try:
+        yield waits
+    finally:
+        _REQUEST_WAITS.reset(token)
+
+
+def detach_request_waits() -> None:
+    """A background task (a warm start) waits on no request's behalf."""
+    _REQUEST_WAITS.set(None)
+
+
 class CapWaits:
     def __init__(self) -> None:
         self._waits = {name: CapWait() for name in CAP_NAMES}
@@ -31,6 +57,9 @@ class CapWaits:
     def record(self, cap: str, waited_s: float) -> None:
         old = self._waits[cap]
         self._waits[cap] = CapWait(old.total_s + waited_s, max(old.max_s, waited_s), old.count + 1)
+        mine = _REQUEST_WAITS.get()
+        if mine is not None:
+            mine[cap] = mine.get(cap, 0.0) + waited_s
 
     def totals(self) -> dict[str, float]:
         return {name: wait.total_s for name, wait in self._waits.items()}

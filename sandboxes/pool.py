@@ -16,7 +16,8 @@ a replacement in the background; otherwise it starts one cold.
 
 Failure: a start that raises becomes `SandboxStartError` (a `SandboxError` from
 the backend is kept as is); a start that takes longer than `start_timeout_s`
-becomes `SandboxTimeoutError`. Both are infrastructure errors, never a result.
+becomes `SandboxTimeoutError`. Both are infrastructure errors, never a result. A
+timeout of a start hang injected by `sandbox.faults` is marked `injected`.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ from sandboxes.base import (
     SandboxStartError,
     SandboxTimeoutError,
     WorkspaceAttachable,
+    fault_injected,
 )
-from sandboxes.caps import CapWait, CapWaits, HourlyWindow, StartRateGate
+from sandboxes.caps import CapWait, CapWaits, HourlyWindow, StartRateGate, detach_request_waits, request_waits
 from sandboxes.settings import SandboxSettings
 
 log = logging.getLogger(__name__)
@@ -90,7 +92,9 @@ class SandboxPool:
         if self._closed:
             raise SandboxStartError("the sandbox pool is closed", backend=self.factory.backend)
         queued = time.monotonic()
-        box = await self._acquire(workspace, queued)
+        with request_waits() as waits:
+            box = await self._acquire(workspace, queued)
+        box.timings.cap_waits = waits  # this request's own waits, by cap
         try:
             yield box
         finally:
@@ -221,7 +225,9 @@ class SandboxPool:
             self._failed += 1
             if isinstance(error, TimeoutError):
                 raise SandboxTimeoutError(
-                    f"{backend} sandbox not started within {self._caps.start_timeout_s}s", backend=backend
+                    f"{backend} sandbox not started within {self._caps.start_timeout_s}s",
+                    backend=backend,
+                    injected=fault_injected(box),  # a start hang injected by sandbox.faults
                 ) from error
             if isinstance(error, SandboxError):
                 raise
@@ -244,6 +250,7 @@ class SandboxPool:
             task.add_done_callback(self._warm_tasks.discard)
 
     async def _start_warm(self) -> None:
+        detach_request_waits()  # started for no request in particular
         try:
             async with self._slots:
                 await self._slots.wait_for(lambda: self._running < self._caps.max_running or self._closed)

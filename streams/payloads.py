@@ -68,6 +68,9 @@ class SandboxReady(Payload):
     sandbox_id: str
     queue_wait_s: float = Field(ge=0)
     start_s: float = Field(ge=0)
+    cap_waits: dict[str, float] = Field(
+        default_factory=dict, description="seconds of the queue wait spent on each sandbox pool cap"
+    )
 
 
 class SandboxFailed(Payload):
@@ -75,6 +78,7 @@ class SandboxFailed(Payload):
     error_kind: str = Field(description="sandbox_start | sandbox_lost | timeout ...")
     message: str
     queue_wait_s: float = Field(default=0.0, ge=0)
+    injected: bool = Field(default=False, description="caused by fault injection (sandbox.faults)")
 
 
 class SandboxReleased(Payload):
@@ -125,6 +129,9 @@ class TrajectoryFinished(Payload):
     last_seq: int = Field(ge=0, description="seq of this event: the trajectory has last_seq + 1 events")
     error: str | None = None
     times: TimeBreakdown = Field(default_factory=TimeBreakdown)
+    injected: bool = Field(
+        default=False, description="the infra error was caused by fault injection (sandbox/client.faults)"
+    )
 
 
 # ---- derived and control records ------------------------------------------------

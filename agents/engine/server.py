@@ -36,6 +36,7 @@ from agents.engine.batch import EngineResult
 from agents.engine.engine import ContextLengthError, Engine, EngineFailure, EngineRefusal, QueueFullError
 from agents.engine.protocol import SamplingParams
 from agents.settings import EngineSettings
+from streams.heartbeat import start_heartbeat
 from trainer.tokenizer import load_tokenizer
 
 ENGINE_KEY: web.AppKey[Engine] = web.AppKey("engine", Engine)
@@ -276,6 +277,10 @@ def create_app(engine: Engine, engine_id: str = "") -> web.Application:
     async def stop_engine(_: web.Application) -> None:
         await asyncio.to_thread(engine.stop)
 
+    async def beat(_: web.Application) -> None:  # from the HTTP loop, while the scheduler answers
+        start_heartbeat(check=lambda: engine.stats().decode_steps >= 0)
+
+    app.on_startup.append(beat)
     app.on_shutdown.append(stop_engine)
     return app
 

@@ -18,6 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
 from rollstream.config import Config
+from streams.heartbeat import start_heartbeat
 from streams.sink import Sink, SinkError, SinkProgress
 from streams.store import StoreError, open_store
 
@@ -53,6 +54,7 @@ def command(
 
 
 async def _run(cfg: Config, engine: Engine, until_idle: float | None) -> SinkProgress:
+    start_heartbeat()  # beats from the sink's loop (supervisor)
     with Progress(
         SpinnerColumn(),
         TextColumn("[bold]sink[/] {task.fields[stored]:,} events stored"),

@@ -25,6 +25,7 @@ import typer
 
 from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
 from rollstream.config import Config
+from streams.heartbeat import start_heartbeat
 from trainer.backends import TorchBackend, TrainBackend
 from trainer.checkpoint import load_model
 from trainer.checkpoint import read_config as read_model_config
@@ -166,5 +167,6 @@ async def _until_signal(start: Any) -> TrainerState:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    start_heartbeat()  # beats from the trainer's loop; a step blocks it (keep hung_after_s above a step)
     result: TrainerState = await start(stop)
     return result

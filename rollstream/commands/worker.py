@@ -14,6 +14,7 @@ from rich.table import Table
 
 from rollstream.commands.common import ConfigPath, Overrides, console, read_config
 from streams.app import StreamWorker, WorkerStats
+from streams.heartbeat import start_heartbeat
 
 
 def command(
@@ -44,6 +45,7 @@ async def _serve(worker: StreamWorker) -> WorkerStats:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    start_heartbeat()  # beats from this loop, so a blocked worker stops beating (supervisor)
     task = asyncio.create_task(worker.run(stop))
     with Live(_table(worker.stats), console=console, refresh_per_second=1, transient=True) as live:
         while not task.done():

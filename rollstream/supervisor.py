@@ -1,0 +1,325 @@
+"""The pipeline's supervisor: named `rollstream` processes, restarted when they die or hang.
+
+    sup = Supervisor(log_dir, config_args, cfg.supervisor)
+    with sup:                                   # stop() on exit: TERM, wait, KILL
+        sup.start("worker", ["worker"])         # `python -m rollstream worker <config_args>`
+        ...
+        sup.check_alive()                       # raises ProcessExitedError once one was given up
+        sup.status()                            # [ProcessStatus]: pid, state, restarts, beat age
+
+Each child runs `rollstream <args> <config_args>` in its own process group, output
+appended to `<log_dir>/<name>.log`, with PR_SET_PDEATHSIG (it gets SIGTERM when the
+supervisor dies, even by SIGKILL) and a heartbeat file `<log_dir>/<name>.heartbeat`
+named in its environment (`streams.heartbeat`). A watcher thread checks every
+`health_interval_s`: a child that exited, or whose heartbeat is older than
+`hung_after_s` (none yet `startup_grace_s` after its start), is SIGKILLed with its
+process group and restarted after an exponential backoff (`backoff_s` doubling up to
+`backoff_max_s`). A run of `healthy_after_s` resets the backoff; past `max_restarts`
+consecutive restarts the child is given up (state `failed`) and `check_alive` raises.
+Every restart is logged to the child's log and to `<log_dir>/supervisor.log`.
+
+`stop()` sends SIGTERM to each child alone (a rollout worker drains its episodes), waits
+up to `stop_timeout_s`, then SIGKILLs what is left and every process still in the
+children's groups. Children ignore the terminal's Ctrl-C (their own group): the caller
+handles SIGINT/SIGTERM and calls `stop()`. The API matches `rollstream.pipeline.Pipeline`
+(`start`, `check_alive`, `stop`, `processes`, `log_dir`), so callers switch by constructor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollstream.launcher.process import KILL_WAIT_S, log_tail
+from streams.heartbeat import HEARTBEAT_FILE_ENV, HEARTBEAT_INTERVAL_ENV, beat_age_s
+
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here, not in the forked child
+logger = logging.getLogger(__name__)
+
+
+class SupervisorSettings(BaseModel):
+    """`[supervisor]`: restarts, health checks and stopping of the pipeline's processes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    backoff_s: float = Field(default=1.0, ge=0, description="wait before the first restart of a process")
+    backoff_max_s: float = Field(default=30.0, ge=0, description="cap of the doubling restart backoff")
+    healthy_after_s: float = Field(
+        default=60.0, gt=0, description="a run this long resets the backoff and the consecutive restarts"
+    )
+    max_restarts: int = Field(
+        default=5, ge=0, description="consecutive restarts before a process is given up; 0 = never"
+    )
+    health_interval_s: float = Field(default=0.5, gt=0, description="how often processes are checked")
+    heartbeat_interval_s: float = Field(default=2.0, gt=0, description="how often children beat")
+    hung_after_s: float = Field(
+        default=60.0, gt=0, description="restart a process whose last heartbeat is older than this"
+    )
+    startup_grace_s: float = Field(
+        default=180.0, gt=0, description="time from start to a process's first heartbeat (imports, model)"
+    )
+    stop_timeout_s: float = Field(default=15.0, gt=0, description="SIGTERM to SIGKILL on stop")
+
+
+class ProcessExitedError(RuntimeError):
+    """A pipeline process ended while it should be running (and is not restarted)."""
+
+
+class State(StrEnum):
+    RUNNING = "running"
+    BACKOFF = "backoff"  # exited or hung; restarts when its backoff is over
+    FAILED = "failed"  # given up after max_restarts
+    STOPPED = "stopped"
+    DONE = "done"  # a process started with `completes=True` that exited 0: its work is finished
+
+
+@dataclass(frozen=True)
+class ProcessStatus:
+    """One process in a supervisor's snapshot (what a live view renders)."""
+
+    name: str
+    pid: int | None
+    state: State
+    restarts: int
+    last_exit: int | None
+    heartbeat_age_s: float | None  # None: no beat since its start (or not expected)
+    uptime_s: float
+    last_reason: str  # why it was last restarted ('' = never)
+
+
+@dataclass
+class _Child:
+    name: str
+    args: list[str]
+    heartbeat: bool
+    popen: subprocess.Popen[bytes]
+    started_at: float  # unix time: heartbeats older than this belong to an earlier run
+    started_mono: float
+    state: State = State.RUNNING
+    restarts: int = 0
+    consecutive: int = 0
+    last_exit: int | None = None
+    reason: str = ""
+    restart_at: float = 0.0
+    completes: bool = False
+
+
+def _die_with_parent() -> None:
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _killpg(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        log_dir: Path,
+        config_args: list[str] | None = None,
+        settings: SupervisorSettings | None = None,
+        *,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.log_dir = Path(log_dir)
+        self.config_args = list(config_args or [])
+        self.settings = settings or SupervisorSettings()
+        self._env = dict(env if env is not None else os.environ)
+        self._children: dict[str, _Child] = {}
+        self._lock = threading.RLock()
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    # ---- the Pipeline API ----
+    def start(
+        self, name: str, args: list[str], *, heartbeat: bool = True, completes: bool = False
+    ) -> subprocess.Popen[bytes]:
+        """Start `rollstream <args>` as `name` and supervise it (`heartbeat=False`: exits only;
+        `completes=True`: an exit with code 0 means its work is done, e.g. `train --steps N`,
+        and it is not restarted)."""
+        with self._lock:
+            if name in self._children:
+                raise ValueError(f"a process named {name!r} is already supervised")
+            self._children[name] = self._spawn(name, args, heartbeat)
+            self._children[name].completes = completes
+            self._note(name, f"started (pid {self._children[name].popen.pid}): rollstream {' '.join(args)}")
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, name="supervisor", daemon=True)
+            self._watcher.start()
+        return self._children[name].popen
+
+    @property
+    def processes(self) -> dict[str, subprocess.Popen[bytes]]:
+        with self._lock:
+            return {name: child.popen for name, child in self._children.items()}
+
+    def done(self, name: str) -> bool:
+        """Whether `name` (started with `completes=True`) has exited 0."""
+        with self._lock:
+            return self._children[name].state is State.DONE
+
+    def check_alive(self) -> None:
+        """Raise with the log tail of the first process that was given up."""
+        with self._lock:
+            for child in self._children.values():
+                if child.state is State.FAILED:
+                    log = self.log_dir / f"{child.name}.log"
+                    raise ProcessExitedError(
+                        f"{child.name} was given up after {child.restarts} restarts ({child.reason}); "
+                        f"last lines of its log ({log}):\n{log_tail(log, lines=20)}"
+                    )
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop watching, SIGTERM every child, wait, then SIGKILL the rest and their groups."""
+        self._stopping.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join()
+        timeout = self.settings.stop_timeout_s if timeout_s is None else timeout_s
+        with self._lock:
+            children = list(self._children.values())
+            for child in children:
+                if child.popen.poll() is None:
+                    child.popen.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            for child in children:
+                try:
+                    child.popen.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    self._note(child.name, f"did not exit within {timeout:.0f} s of SIGTERM: SIGKILL")
+                    _killpg(child.popen.pid, signal.SIGKILL)
+                    child.popen.wait()
+                _killpg(child.popen.pid, signal.SIGKILL)  # whatever it left in its group
+                if child.state not in (State.FAILED, State.DONE):
+                    child.state = State.STOPPED
+                child.last_exit = child.popen.returncode
+
+    def __enter__(self) -> Supervisor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- the snapshot ----
+    def status(self) -> list[ProcessStatus]:
+        now = time.monotonic()
+        with self._lock:
+            return [self._status(child, now) for child in self._children.values()]
+
+    def _status(self, child: _Child, now: float) -> ProcessStatus:
+        alive = child.state is State.RUNNING
+        age = beat_age_s(self._beat_file(child.name), child.started_at) if alive and child.heartbeat else None
+        return ProcessStatus(
+            name=child.name, pid=child.popen.pid if alive else None, state=child.state,
+            restarts=child.restarts, last_exit=child.last_exit, heartbeat_age_s=age,
+            uptime_s=now - child.started_mono if alive else 0.0, last_reason=child.reason,
+        )  # fmt: skip
+
+    # ---- the watcher ----
+    def _watch(self) -> None:
+        while not self._stopping.wait(self.settings.health_interval_s):
+            try:
+                self.check_once()
+            except Exception:  # the watcher must outlive any one bad check
+                logger.exception("supervisor check failed")
+
+    def check_once(self) -> None:
+        """One health pass: restart children whose backoff is over; put dead or hung ones in backoff."""
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            now = time.monotonic()
+            for child in self._children.values():
+                if child.state is State.RUNNING and child.completes and child.popen.poll() == 0:
+                    child.state, child.last_exit, child.reason = State.DONE, 0, "finished"
+                    self._note(child.name, "finished (exit 0)")
+                elif child.state is State.RUNNING:
+                    reason = self._trouble(child)
+                    if reason:
+                        self._fail(child, reason, now)
+                elif child.state is State.BACKOFF and now >= child.restart_at:
+                    self._restart(child)
+
+    def _trouble(self, child: _Child) -> str:
+        """Why `child` must be restarted now ('' = it is fine)."""
+        code = child.popen.poll()
+        if code is not None:
+            return f"exited with code {code}"
+        if not child.heartbeat:
+            return ""
+        age = beat_age_s(self._beat_file(child.name), child.started_at)
+        if age is None:
+            waited = time.time() - child.started_at
+            if waited > self.settings.startup_grace_s:
+                return f"hung: no heartbeat {waited:.0f} s after its start"
+            return ""
+        if age > self.settings.hung_after_s:
+            return f"hung: last heartbeat {age:.0f} s ago"
+        return ""
+
+    def _fail(self, child: _Child, reason: str, now: float) -> None:
+        _killpg(child.popen.pid, signal.SIGKILL)  # a hung (even stopped) child and what it started
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.popen.wait(timeout=KILL_WAIT_S)
+        child.last_exit = child.popen.returncode
+        child.reason = reason
+        if now - child.started_mono >= self.settings.healthy_after_s:
+            child.consecutive = 0
+        child.consecutive += 1
+        limit = self.settings.max_restarts
+        if limit and child.consecutive > limit:
+            child.state = State.FAILED
+            self._note(child.name, f"{reason}; given up after {limit} consecutive restarts")
+            return
+        delay = min(self.settings.backoff_max_s, self.settings.backoff_s * 2 ** (child.consecutive - 1))
+        child.state = State.BACKOFF
+        child.restart_at = now + delay
+        self._note(child.name, f"{reason}; restart {child.restarts + 1} in {delay:.1f} s")
+
+    def _restart(self, child: _Child) -> None:
+        fresh = self._spawn(child.name, child.args, child.heartbeat)
+        child.popen, child.started_at, child.started_mono = fresh.popen, fresh.started_at, fresh.started_mono
+        child.state = State.RUNNING
+        child.restarts += 1
+        self._note(child.name, f"restart {child.restarts}: started (pid {child.popen.pid})")
+
+    # ---- processes and logs ----
+    def _beat_file(self, name: str) -> Path:
+        return self.log_dir / f"{name}.heartbeat"
+
+    def _spawn(self, name: str, args: list[str], heartbeat: bool) -> _Child:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = {**self._env, "PYTHONUNBUFFERED": "1"}
+        if heartbeat:
+            env[HEARTBEAT_FILE_ENV] = str(self._beat_file(name))
+            env[HEARTBEAT_INTERVAL_ENV] = str(self.settings.heartbeat_interval_s)
+        command = [sys.executable, "-m", "rollstream", *args, *self.config_args]
+        started_at = time.time()
+        with (self.log_dir / f"{name}.log").open("ab") as log:
+            popen = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env, process_group=0, preexec_fn=_die_with_parent,
+            )  # fmt: skip
+        return _Child(name, list(args), heartbeat, popen, started_at, time.monotonic())
+
+    def _note(self, name: str, message: str) -> None:
+        line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} [supervisor] {name}: {message}\n"
+        logger.info("%s: %s", name, message)
+        for path in (self.log_dir / f"{name}.log", self.log_dir / "supervisor.log"):
+            try:
+                with path.open("a") as handle:
+                    handle.write(line)
+            except OSError:
+                logger.warning("cannot write %s", path)
