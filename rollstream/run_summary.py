@@ -1,5 +1,5 @@
-"""The end of a run: tail figures, outcomes, groups and sandbox timings as tables, the
-report (PNGs + HTML), and a summary answered by the SQL store."""
+"""The end of a run: tail figures, outcomes, groups and sandbox timings as tables, a summary
+answered by the SQL store, and the run report (PNGs + HTML, every figure queried from the store)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, text
 from rollstream.commands.common import console
 from rollstream.commands.tail import figure_rows, figures_table
 from rollstream.config import Config
-from rollstream.report import write_report
+from rollstream.report.build import write_run_report
 from streams.events import Event
 from streams.replay import RecordedRun, by_trajectory, fold_episodes, load_from_topics
 from streams.tail import tail_figures
@@ -39,8 +39,9 @@ def summarise_run(cfg: Config, run_id: str, out: Path) -> Path:
     for title, rows in tables.items():
         console.print(figures_table(title, rows.items()))
     console.print(sql_summary(cfg.db_url, run_id))
-    page = write_report(out, run_id, recorded.events, tables)
-    console.print(f"report: [bold]{page}[/] (timeline.png, outcomes.png, turns.png)")
+    report = write_run_report(cfg.db_url, run_id, out, cfg.report)
+    page = report.page
+    console.print(f"report: [bold]{page}[/] ({len(report.figures)} figures from the SQL store)")
     console.print(f"ask more in SQL: rollstream sql \"SELECT * FROM trajectories WHERE run_id = '{run_id}'\"")
     return page
 

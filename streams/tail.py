@@ -48,9 +48,13 @@ def tail_share(spans: Sequence[tuple[float, float]], finished_fraction: float = 
     wall = ends[-1] - start
     if wall <= 0:
         return 0.0
-    # the end by which `finished_fraction` had ended: nearest rank, the rule of bench.figures.percentile
-    at_fraction = float(np.quantile(ends, finished_fraction, method="inverted_cdf"))
-    return (ends[-1] - at_fraction) / wall
+    return (ends[-1] - finished_mark(ends, finished_fraction)) / wall
+
+
+def finished_mark(ends: Sequence[float], finished_fraction: float = 0.9) -> float:
+    """The end by which `finished_fraction` of spans had ended (nearest rank, the rule of
+    bench.figures.percentile); `ends` must not be empty."""
+    return float(np.quantile(list(ends), finished_fraction, method="inverted_cdf"))
 
 
 def at_turn_cap(trajectory: Trajectory) -> bool:

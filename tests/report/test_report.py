@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rollstream.report import spans_from_events, write_report
+from rollstream.report.events import spans_from_events, write_report
 from streams.events import make_event
 from streams.outcomes import Outcome
 from streams.payloads import Limits, TrajectoryFinished, TrajectoryStarted
@@ -12,8 +12,14 @@ from streams.payloads import Limits, TrajectoryFinished, TrajectoryStarted
 
 def events_for(tid: str, start_s: float, end_s: float, outcome: Outcome, turns: int) -> list:
     started = TrajectoryStarted(attempt=0, group_size=2, limits=Limits())
-    done = TrajectoryFinished(outcome=outcome, reward=None if outcome.is_infra_error else 0.0,
-                              turns=turns, generated_tokens=10, context_tokens=20, last_seq=1)
+    done = TrajectoryFinished(
+        outcome=outcome,
+        reward=None if outcome.is_infra_error else 0.0,
+        turns=turns,
+        generated_tokens=10,
+        context_tokens=20,
+        last_seq=1,
+    )
     common = {"run_id": "r", "source": "w", "trajectory_id": tid, "group_id": "g"}
     return [
         make_event(started, seq=0, time_ns=int(start_s * 1e9), **common),

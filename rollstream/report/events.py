@@ -1,4 +1,4 @@
-"""The run report: plots (PNG) and one HTML page people can look at instead of reading logs.
+"""The quick report from a run's events (no SQL store needed): plots (PNG) and one HTML page.
 
 Input is the rollout events of one run (from the topic or the SQL store) plus
 figure tables computed elsewhere (tail figures, pool cap waits). Output is

@@ -1,0 +1,340 @@
+"""From the store's rows to figure data (pure: no SQL, no plotting, no clock).
+
+Each function takes rows from `queries` and returns a `Figure`: what to draw
+(categorical bars, stacked bars, histogram, lines, a step curve), its series, vertical
+marks and notes, and `points`, how many data points it draws. `points == 0` means the
+run has no data for that figure; `plots` then draws a "no data" panel saying why
+(`empty_reason`) instead of empty axes, and the page exposes `points` per figure.
+
+The long-tail figure uses `streams.tail` (the tail share and the 90% mark), so the
+report and `rollstream tail` agree on the definition.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rollstream.report.queries import INFRA_PREFIX, TRAJECTORY_PARTS, RunRows, StepRow, TimeRow, VersionRow
+from rollstream.report.settings import ReportSettings
+from streams.tail import finished_mark, tail_share
+
+NS = 1e9
+PART_LABELS = {
+    "llm_s": "llm",
+    "tool_s": "tools",
+    "sandbox_start_s": "sandbox start",
+    "agent_install_s": "agent install",
+    "tests_s": "tests",
+    "queue_s": "queue (caps)",
+}
+STEP_PARTS = {"wait_s": "wait", "logprob_s": "logprob", "update_s": "update", "publish_s": "publish"}
+FAMILY_ORDER = ("resolved", "unresolved", "truncated", "infra_error")
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    x: list[float]  # category index for bars/stacked, value for lines/curve/hist (bin centre)
+    y: list[float]
+    axis: int = 0  # 1: the right-hand axis (lines)
+
+
+@dataclass(frozen=True)
+class Figure:
+    key: str  # file name and the page's data-figure attribute
+    title: str
+    kind: str  # "bars" | "stacked" | "hist" | "lines" | "curve"
+    xlabel: str
+    ylabel: str
+    series: list[Series]
+    points: int
+    empty_reason: str
+    categories: list[str] = field(default_factory=list)
+    marks: list[tuple[str, float]] = field(default_factory=list)  # (label, x) vertical lines
+    notes: list[str] = field(default_factory=list)
+    ylabel_right: str = ""
+    bin_width: float = 1.0
+
+
+def family(outcome: str) -> str:
+    return outcome.split(":", 1)[0]
+
+
+def pass1_by_version(versions: list[VersionRow]) -> Figure:
+    scored = [v for v in versions if v.scored > 0]
+    x = [float(v.version) for v in scored]
+    rewards = [(float(v.version), v.reward_mean) for v in scored if v.reward_mean is not None]
+    infra = sum(v.infra_errors for v in versions)
+    attempts = sum(v.scored for v in scored)
+    return Figure(
+        key="pass1_by_version",
+        title="pass@1 and mean reward by weight version",
+        kind="lines",
+        xlabel="weight version (at trajectory start)",
+        ylabel="pass@1 / mean reward",
+        series=[
+            Series("pass@1", x, [v.resolved / v.scored for v in scored]),
+            Series("mean reward", [r[0] for r in rewards], [float(r[1]) for r in rewards]),
+        ],
+        points=len(scored),
+        empty_reason="no scored trajectories",
+        notes=[f"{attempts} scored attempts; {infra} infrastructure errors not scored"],
+    )
+
+
+def turns_histogram(turns: list[tuple[int, int]], settings: ReportSettings) -> Figure:
+    total = sum(n for _, n in turns)
+    centres, counts, width = _histogram(
+        [float(t) for t, _ in turns], [float(n) for _, n in turns], settings.max_turn_bins, integer=True
+    )
+    values = [t for t, n in turns for _ in range(n)]
+    notes = [f"median {statistics.median(values):g} turns, max {max(values)}"] if values else []
+    return Figure(
+        key="turns",
+        title="Turns per trajectory",
+        kind="hist",
+        xlabel="turns",
+        ylabel="trajectories",
+        series=[Series("trajectories", centres, counts)],
+        points=total,
+        empty_reason="no finished trajectories",
+        notes=notes,
+        bin_width=width,
+    )
+
+
+def outcome_shares(outcomes: list[tuple[str, int]]) -> Figure:
+    total = sum(n for _, n in outcomes)
+    ordered = sorted(outcomes, key=lambda item: (_family_rank(item[0]), item[0]))
+    return Figure(
+        key="outcomes",
+        title="Outcome shares",
+        kind="bars",
+        xlabel="outcome",
+        ylabel="share of finished trajectories",
+        categories=[o for o, _ in ordered],
+        series=[Series("share", list(map(float, range(len(ordered)))), [n / total for _, n in ordered])],
+        points=total,
+        empty_reason="no finished trajectories",
+        notes=[f"{total} finished trajectories"] if total else [],
+    )
+
+
+def trajectory_time(times: list[TimeRow]) -> Figure:
+    by_family: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    counted = 0
+    for row in times:
+        if row.total_s <= 0:
+            continue
+        counted += row.trajectories
+        parts = by_family[family(row.outcome)]
+        for name in TRAJECTORY_PARTS:
+            parts[name] += row.parts[name]
+        parts["other"] += max(row.total_s - sum(row.parts.values()), 0.0)
+    families = sorted(by_family, key=_family_rank)
+    labels = {**PART_LABELS, "other": "other (agent, waits)"}
+    series = [
+        Series(label, list(map(float, range(len(families)))), [by_family[f][name] for f in families])
+        for name, label in labels.items()
+    ]
+    total = sum(sum(parts.values()) for parts in by_family.values())
+    shares = (
+        {label: sum(s.y) / total for label, s in zip(labels.values(), series, strict=True)} if total else {}
+    )
+    return Figure(
+        key="trajectory_time",
+        title="Where rollout time goes (summed over trajectories, by outcome)",
+        kind="stacked",
+        xlabel="outcome",
+        ylabel="seconds",
+        categories=families,
+        series=series,
+        points=counted,
+        empty_reason="no trajectory with a recorded time breakdown",
+        notes=[", ".join(f"{label} {share:.0%}" for label, share in shares.items() if share > 0)]
+        if shares
+        else [],
+    )
+
+
+def step_time(steps: list[StepRow], settings: ReportSettings) -> Figure:
+    shown = steps[-settings.max_step_bars :]
+    x = list(map(float, range(len(shown))))
+    series = [Series(label, x, [s.times.get(name, 0.0) for s in shown]) for name, label in STEP_PARTS.items()]
+    totals = {label: sum(s.y) for label, s in zip(STEP_PARTS.values(), series, strict=True)}
+    grand = sum(totals.values())
+    timed = sum(1 for s in shown if sum(s.times.get(name, 0.0) for name in STEP_PARTS) > 0)
+    return Figure(
+        key="step_time",
+        title="Trainer step time breakdown",
+        kind="stacked",
+        xlabel="trainer step",
+        ylabel="seconds",
+        categories=[str(s.step) for s in shown],
+        series=series,
+        points=timed,
+        empty_reason="no trainer steps in this run (an eval-only run has none)",
+        notes=[", ".join(f"{k} {v / grand:.0%}" for k, v in totals.items())] if grand > 0 else [],
+    )
+
+
+def long_tail(spans_ns: list[tuple[int, int]], settings: ReportSettings) -> Figure:
+    fraction = settings.finished_fraction
+    marks: list[tuple[str, float]] = []
+    notes: list[str] = []
+    x: list[float] = []
+    y: list[float] = []
+    if spans_ns:
+        origin = min(start for start, _ in spans_ns)
+        spans = [((start - origin) / NS, (end - origin) / NS) for start, end in spans_ns]
+        ends = sorted(end for _, end in spans)
+        x = [0.0, *ends]
+        y = [0.0, *(i / len(ends) for i in range(1, len(ends) + 1))]
+        mark = finished_mark(ends, fraction)
+        share = tail_share(spans, fraction)
+        marks = [(f"{fraction:.0%} finished ({mark:.1f} s)", mark)]
+        notes = [
+            f"{share:.1%} of rollout wall time ({ends[-1]:.1f} s) passes after {fraction:.0%} had finished"
+        ]
+    return Figure(
+        key="long_tail",
+        title="The long tail: trajectories finished over rollout time",
+        kind="curve",
+        xlabel="seconds since the first trajectory started",
+        ylabel="share finished",
+        series=[Series("finished", x, y)],
+        points=len(spans_ns),
+        empty_reason="no finished trajectories",
+        marks=marks,
+        notes=notes,
+    )
+
+
+def infra_errors(outcomes: list[tuple[str, int]]) -> Figure:
+    kinds = sorted((o.split(":", 1)[-1], n) for o, n in outcomes if family(o) == INFRA_PREFIX)
+    total = sum(n for _, n in outcomes)
+    errors = sum(n for _, n in kinds)
+    return Figure(
+        key="infra_errors",
+        title="Infrastructure errors by kind (never scored)",
+        kind="bars",
+        xlabel="kind",
+        ylabel="trajectories",
+        categories=[k for k, _ in kinds],
+        series=[Series("trajectories", list(map(float, range(len(kinds)))), [float(n) for _, n in kinds])],
+        points=errors,
+        empty_reason="no infrastructure errors",
+        notes=[f"{errors} of {total} trajectories ({errors / total:.1%})"] if total else [],
+    )
+
+
+def stability(steps: list[StepRow]) -> Figure:
+    x = [float(s.step) for s in steps]
+    notes = []
+    if steps:
+        diff = statistics.median(s.mean_logprob_diff for s in steps)
+        ess = statistics.median(s.ess for s in steps)
+        notes = [f"median |Δ logprob| {diff:.4f}, median ESS {ess:.1%} (reference run: 0.011, 93%)"]
+    return Figure(
+        key="stability",
+        title="Trainer vs engine: logprob difference and ESS by step",
+        kind="lines",
+        xlabel="trainer step",
+        ylabel="mean |logprob(trainer) − logprob(engine)|",
+        ylabel_right="effective sample size",
+        series=[
+            Series("mean |Δ logprob|", x, [s.mean_logprob_diff for s in steps]),
+            Series("ESS (tokens)", x, [s.ess for s in steps], axis=1),
+            Series("ESS (sequences)", x, [s.ess_seq for s in steps], axis=1),
+        ],
+        points=len(steps),
+        empty_reason="no trainer steps in this run (an eval-only run has none)",
+        notes=notes,
+    )
+
+
+def cap_waits(waits: list[float], settings: ReportSettings) -> Figure:
+    centres, counts, width = _histogram(waits, [1.0] * len(waits), settings.wait_bins, integer=False)
+    notes = []
+    if waits:
+        p90 = float(np.quantile(waits, 0.9, method="inverted_cdf"))
+        notes = [f"median {statistics.median(waits):.3f} s, p90 {p90:.3f} s, max {max(waits):.3f} s"]
+    return Figure(
+        key="cap_waits",
+        title="Sandbox cap wait (queued before a sandbox started)",
+        kind="hist",
+        xlabel="seconds waited",
+        ylabel="sandboxes",
+        series=[Series("sandboxes", centres, counts)],
+        points=len(waits),
+        empty_reason="no sandbox became ready",
+        notes=notes,
+        bin_width=width,
+    )
+
+
+def figures(rows: RunRows, settings: ReportSettings) -> list[Figure]:
+    """Every figure of the report, in page order."""
+    return [
+        pass1_by_version(rows.versions),
+        outcome_shares(rows.outcomes),
+        turns_histogram(rows.turns, settings),
+        long_tail(rows.spans_ns, settings),
+        trajectory_time(rows.times),
+        step_time(rows.steps, settings),
+        stability(rows.steps),
+        infra_errors(rows.outcomes),
+        cap_waits(rows.cap_waits_s, settings),
+    ]
+
+
+def summary(rows: RunRows, settings: ReportSettings) -> dict[str, str]:
+    """The page's headline figures (name -> formatted value)."""
+    scored = sum(v.scored for v in rows.versions)
+    resolved = sum(v.resolved for v in rows.versions)
+    finished = sum(n for _, n in rows.outcomes)
+    out = {
+        "trajectories finished": str(finished),
+        "scored attempts": str(scored),
+        "pass@1 (all versions)": f"{resolved / scored:.1%}" if scored else "-",
+        "weight versions": ", ".join(str(v.version) for v in rows.versions) or "-",
+        "trainer steps": str(len(rows.steps)),
+    }
+    if rows.spans_ns:
+        spans = [(s / NS, e / NS) for s, e in rows.spans_ns]
+        out[f"wall time after {settings.finished_fraction:.0%} finished"] = (
+            f"{tail_share(spans, settings.finished_fraction):.1%}"
+        )
+    return out
+
+
+def _family_rank(outcome: str) -> int:
+    name = family(outcome)
+    return FAMILY_ORDER.index(name) if name in FAMILY_ORDER else len(FAMILY_ORDER)
+
+
+def _histogram(
+    values: list[float], weights: list[float], max_bins: int, *, integer: bool
+) -> tuple[list[float], list[float], float]:
+    """(bin centres, weighted counts, bin width); integer values get whole-number bins."""
+    if not values:
+        return [], [], 1.0
+    low, high = min(values), max(values)
+    if integer:
+        width = float(max(1, int(np.ceil((high - low + 1) / max_bins))))
+        edges = np.arange(low - 0.5, high + 0.5 + width, width)
+    else:
+        span = high - low
+        width = span / max_bins if span > 0 else max(abs(high) * 0.1, 1e-3)
+        edges = (
+            np.arange(max_bins + 1) * width + low
+            if span > 0
+            else np.array([low - width / 2, low + width / 2])
+        )
+    counts, edges = np.histogram(values, bins=edges, weights=weights)
+    centres = (edges[:-1] + edges[1:]) / 2
+    return [float(c) for c in centres], [float(c) for c in counts], float(width)
