@@ -3,7 +3,8 @@
 Any number of workers share `rollout.events` as one consumer group; the key is
 the group id, so all events of a GRPO group land on one partition and one worker.
 The folding and policies are `streams.processor.StreamProcessor` (pure); this
-module only moves records and owns the clock.
+module only moves records and owns the clock. A trajectory's sandbox events are
+copied to `sandbox.lifecycle` when it folds (`streams.lifecycle`, for the monitor).
 
 Delivery (at-least-once, deterministic ids, no changelog tables): in-flight state
 lives in memory, and per partition the worker commits only the offset of the
@@ -56,6 +57,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from streams.bus import Consumed, EventConsumer, EventProducer, dead_letter, read_topic_ids
 from streams.events import Event, encode_event
+from streams.lifecycle import LifecycleBuffer
 from streams.processor import Emit, Output, Rejected, StreamProcessor
 from streams.settings import KafkaSettings, PolicySettings, StreamWorkerSettings, TopicSettings
 from streams.topics import topic_name
@@ -91,6 +93,7 @@ class StreamWorker:
         self.clock_ns = clock_ns
         self.processor = StreamProcessor(policy, source=name, closed_memory=settings.closed_groups_memory)
         self.stats = WorkerStats()
+        self.lifecycle = LifecycleBuffer()  # sandbox events, copied to `sandbox.lifecycle` at fold
         self._first_offset: dict[str, tuple[int, int]] = {}
         self._next_offset: dict[int, int] = {}
         self._owned: set[int] = set()  # partitions whose records are handled now
@@ -136,11 +139,14 @@ class StreamWorker:
             async with self._lock:  # a rebalance waits until this batch's outputs are sent
                 for record in batch:
                     if record.partition in self._owned:  # fetched before a rebalance took it away
-                        await self._handle(producer, record, self.processor.feed(record.event))
+                        self.lifecycle.observe(record.event, self.processor.groups)
+                        outputs = self.lifecycle.release(self.processor.feed(record.event))
+                        await self._handle(producer, record, outputs)
                 now = time.monotonic()
                 if now - last_tick >= self.settings.deadline_check_interval_s:
                     last_tick = now
-                    await self._handle(producer, None, self.processor.tick(self.clock_ns()))
+                    ticked = self.lifecycle.release(self.processor.tick(self.clock_ns()))
+                    await self._handle(producer, None, ticked)
                 if now - last_commit >= self.settings.commit_interval_s:
                     last_commit = now
                     await producer.flush()
@@ -169,6 +175,7 @@ class StreamWorker:
             lost = self._held - partitions
             gone = {g for g, (p, _) in self._first_offset.items() if p in lost}
             self.processor.forget(gone)
+            self.lifecycle.forget(gone)
             for group_id in gone:
                 del self._first_offset[group_id]
             for partition in lost:
@@ -207,7 +214,7 @@ class StreamWorker:
             self._first_offset.pop(emit.event.group_id or "", None)
         elif emit.topic == "trajectories":
             self.stats.trajectories += 1
-        else:
+        elif emit.topic == "rollout.control":
             self.stats.aborts += 1
 
     def _dead_letter(self, record: Consumed, rejected: Rejected) -> Event:

@@ -6,7 +6,9 @@ prefix. Source-of-truth topics (`rollout.events`, `weights.history`,
 a trainer checkpoint holds offsets into them, which must still exist on resume; `weights` is compacted (latest
 version per run); every topic accepts messages up to `topics.max_message_bytes`
 and uses `topics.replication_factor` / `topics.min_insync_replicas` (3 / 2 on the
-three-broker cluster). Topics are never auto-created: `create_topics` (or
+three-broker cluster). `sandbox.lifecycle` is derived: the stream worker copies a
+trajectory's `sandbox.*` events there when the trajectory folds (for the monitor).
+Topics are never auto-created: `create_topics` (or
 `rollstream topics create`) makes them, and returns only once every partition has
 a leader.
 """
@@ -32,6 +34,7 @@ SHORT_NAMES = (
     "weights.history",
     "trainer.steps",
     "deadletter",
+    "sandbox.lifecycle",
 )
 RETAIN_FOREVER = frozenset({"rollout.events", "weights.history", "trainer.steps", "groups", "trajectories"})
 COMPACTED = frozenset({"weights"})
@@ -75,6 +78,7 @@ def partitions(topics: TopicSettings, short: str) -> int:
         "weights.history": topics.weights_partitions,
         "trainer.steps": topics.trainer_steps_partitions,
         "deadletter": topics.deadletter_partitions,
+        "sandbox.lifecycle": topics.trajectories_partitions,
     }
     return counts[short]
 

@@ -1,0 +1,1 @@
+"""The monitor: a faust-streaming app folding the derived topics into Prometheus figures."""
