@@ -43,6 +43,18 @@ class FollowSettings(Frozen):
     )
 
 
+class ClientFaultSettings(Frozen):
+    """Faults injected into the real engine client (`agents/engine/faults.py`); 0 = off, the default."""
+
+    engine_error_rate: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="fraction of /generate attempts answered 5xx (kind engine; retried per client.retries)",
+    )
+    seed: int = Field(default=0, description="seed of the fault draws: the same requests get the same faults")
+
+
 class ClientSettings(Frozen):
     """The engine client: routing, pool and retries. No hidden caps."""
 
@@ -53,6 +65,7 @@ class ClientSettings(Frozen):
     connect_timeout_s: float = 10.0
     retries: int = 3
     retry_backoff_s: float = 0.5
+    faults: ClientFaultSettings = ClientFaultSettings()
 
 
 class AgentSettings(Frozen):
@@ -64,6 +77,30 @@ class AgentSettings(Frozen):
     max_format_errors: int = Field(default=3, ge=1, description="format errors in a row that end the episode")
     submit_command: str = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
     shell: str = Field(default="bash", description="each command runs as `<shell> -c <command>`")
+
+
+class ExpertSettings(Frozen):
+    """The learning family's scripted expert (`rollstream rollout --policy expert`), whose resolved
+    traces are the SFT data: imperfect on purpose, as other agents' public traces are."""
+
+    test_first_rate: float = Field(
+        default=0.3, ge=0, le=1, description="first turn runs the tests; otherwise it guesses a fix blind"
+    )
+    right_edit_rate: float = Field(
+        default=0.9, ge=0, le=1, description="after reading the tests, picks the fix the shown line calls for"
+    )
+    seed: int = 0
+
+
+class EvalSettings(Frozen):
+    """`rollstream eval`: pass@1 over k attempts per task, infrastructure errors re-run."""
+
+    attempts: int = Field(default=4, ge=1, description="attempts per task (pass@1 = mean success)")
+    max_infra_reruns: int = Field(
+        default=3, ge=0, description="re-runs of an attempt that ended in an infra error; never scored"
+    )
+    concurrency: int = Field(default=32, ge=1, description="episodes at once")
+    engine_start_timeout_s: float = Field(default=180.0, gt=0, description="wait for the eval's engine")
 
 
 class RolloutSettings(Frozen):

@@ -1,6 +1,6 @@
 """`rollstream rollout`: run a rollout worker; `rollstream rollout submit`: write a run's requests.
 
-    rollstream rollout [--tasks DIR] [--engine URL ...] [--concurrency C] [--model DIR]
+    rollstream rollout [--tasks DIR] [--engine URL ...] [--concurrency C] [--model DIR] [--policy expert]
     rollstream rollout submit --tasks DIR --group-size 8 [--run RUN] [--groups N]
 
 The worker uses the configured sandbox backend and pool caps, the engine client
@@ -22,8 +22,9 @@ from rich.live import Live
 from rich.table import Table
 
 from agents.chat import ChatFormat
-from agents.engine.client import EngineClient
+from agents.engine.faults import make_client
 from agents.episode import EpisodeServices
+from agents.expert import ExpertPolicy
 from agents.policy import Policy
 from agents.rollout import RolloutWorker, TaskCatalog, WorkerSettings, worker_name
 from agents.submit import limits_of, run_requests, submit_requests, task_refs
@@ -33,6 +34,7 @@ from sandboxes.backends import make_factory
 from sandboxes.base import Sandbox
 from sandboxes.pool import SandboxPool
 from sandboxes.tasks import Task, Verdict, run_verifier
+from streams.heartbeat import start_heartbeat
 from trainer.tokenizer import load_tokenizer
 
 app = typer.Typer(help="Rollout workers and their requests.", invoke_without_command=True)
@@ -47,12 +49,17 @@ def rollout(
     engine: list[str] | None = typer.Option(None, "--engine", help="engine URL (repeat for several)"),
     concurrency: int | None = typer.Option(None, "--concurrency", min=1, help="episodes at once"),
     model: Path | None = typer.Option(None, "--model", help="model directory (for its tokenizer)"),
+    policy: str = typer.Option(
+        "engine", "--policy", help="engine: the model behind --engine; expert: the family's scripted expert"
+    ),
     config: ConfigPath = None,
     overrides: Overrides = None,
 ) -> None:
     """Run a rollout worker: consume rollout.requests, run episodes, write rollout.events."""
     if ctx.invoked_subcommand is not None:
         return
+    if policy not in ("engine", "expert"):
+        fail(f"--policy {policy!r}: use engine or expert")
     cfg = read_config(config, overrides)
     if engine:
         cfg = cfg.model_copy(update={"client": cfg.client.model_copy(update={"urls": tuple(engine)})})
@@ -68,22 +75,24 @@ def rollout(
         fail(str(error))
     console.print(
         f"rollout worker on {cfg.kafka.bootstrap} (prefix {cfg.topics.prefix!r}): "
-        f"engines {', '.join(cfg.client.urls)}, {cfg.sandbox.backend} sandboxes, "
-        f"concurrency {cfg.rollout.concurrency}"
+        f"{'the scripted expert' if policy == 'expert' else 'engines ' + ', '.join(cfg.client.urls)}, "
+        f"{cfg.sandbox.backend} sandboxes, concurrency {cfg.rollout.concurrency}"
     )
-    asyncio.run(_serve(cfg, chat, tasks_root))
+    asyncio.run(_serve(cfg, chat, tasks_root, expert=policy == "expert"))
 
 
-async def _serve(cfg: Config, chat: ChatFormat, tasks_root: Path) -> None:
+async def _serve(cfg: Config, chat: ChatFormat, tasks_root: Path, *, expert: bool = False) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    start_heartbeat()  # beats from the worker's loop (supervisor)
     pool = SandboxPool(cfg.sandbox, make_factory(cfg.sandbox))
-    async with EngineClient(cfg.client) as client, pool:
+    async with make_client(cfg.client) as client, pool:
+        policy: Policy = ExpertPolicy(chat, cfg.expert, cfg.agent) if expert else client
         worker = RolloutWorker(
             WorkerSettings(cfg.kafka, cfg.topics, cfg.rollout, cfg.policy),
-            episode_services(cfg, client, pool, chat),
+            episode_services(cfg, policy, pool, chat),
             TaskCatalog(tasks_root),
         )
         task = asyncio.create_task(worker.run(stop))

@@ -1,6 +1,7 @@
 """`rollstream tasks ...`: build Harbor tasks from PyPI sdists, import SWE-bench, check, list.
 
 - `tasks build --from-sdist NAME==VERSION --out DIR --max N [--seed S]`
+- `tasks family --out DIR --split train|heldout --n N --seed S` (the learning task family)
 - `tasks import-swebench FILE --out DIR`
 - `tasks check DIR` (gold must score 1, no change 0; exit 1 when any task is invalid)
 - `tasks default [--rebuild]` (the default set in `config.tasks_dir`)
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,6 +29,7 @@ from sandboxes.backends import make_factory
 from sandboxes.base import SandboxError
 from sandboxes.tasks.build import BuildReport, BuildRequest, ProgressFn, build_from_sdist
 from sandboxes.tasks.check import CheckResult, check_tasks
+from sandboxes.tasks.family import FamilyError, write_family
 from sandboxes.tasks.harbor import TaskFormatError, load_tasks
 from sandboxes.tasks.sdist import SdistSpec, UnfitLibraryError
 from sandboxes.tasks.swebench import SwebenchImportError, import_swebench
@@ -99,6 +102,26 @@ def build(
     _print_report(report)
     if not report.task_ids:
         fail(f"{spec}: no mutant was kept; try another --seed or a larger tasks.max_mutants_tried")
+
+
+@app.command("family")
+def family(
+    out: Annotated[Path, typer.Option(help="directory the tasks are written to")],
+    split: Annotated[str, typer.Option(help="train (RL and SFT) or heldout (evaluation only)")] = "train",
+    n: Annotated[int, typer.Option("--n", min=1, help="number of tasks")] = 64,
+    seed: Annotated[int, typer.Option(help="same seed, same tasks")] = 0,
+    config: ConfigPath = None,
+    overrides: Overrides = None,
+) -> None:
+    """The learning task family: small libraries with one typed bug each, tests under a second."""
+    cfg = read_config(config, overrides)
+    try:
+        tasks = write_family(out, split, n, seed, python=cfg.tasks.python)
+    except FamilyError as error:
+        fail(str(error), code=2)
+    kinds = Counter(task.metadata.tags[-1] for task in tasks)
+    shares = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+    console.print(f"wrote {len(tasks)} {split} tasks to {out} ({shares})")
 
 
 @app.command("import-swebench")

@@ -1,0 +1,94 @@
+"""The learning task family: deterministic, balanced, disjoint splits, valid in real sandboxes;
+the scripted expert reads the real runner's output."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from agents.expert import RUN_REPLY, expert_reply, fix_reply
+from agents.settings import ExpertSettings
+from sandboxes.backends import make_factory
+from sandboxes.settings import SandboxSettings
+from sandboxes.tasks.check import check_tasks
+from sandboxes.tasks.family import (
+    KIND_BY_NAME,
+    KINDS,
+    FamilyError,
+    apply_fix,
+    family_tasks,
+    kind_of_line,
+    write_family,
+)
+from sandboxes.tasks.family_modules import SPLITS
+
+SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+
+
+def test_same_seed_same_tasks_other_seed_other_tasks() -> None:
+    first, again = family_tasks("train", 24, 3), family_tasks("train", 24, 3)
+    assert [(t.id, t.lib, t.tests) for t in first] == [(t.id, t.lib, t.tests) for t in again]
+    other = family_tasks("train", 24, 4)
+    assert [t.lib for t in other] != [t.lib for t in first]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 7])
+def test_kinds_are_balanced_and_each_fix_only_fixes_its_own_kind(seed: int) -> None:
+    tasks = family_tasks("heldout", 40, seed)
+    assert set(Counter(t.kind for t in tasks).values()) == {10}  # round robin over the 4 kinds
+    for task in tasks:
+        for kind in KINDS:
+            expected = task.fixed_lib if kind.name == task.kind else task.lib
+            assert apply_fix(kind, task.lib) == expected, (task.id, kind.name)
+
+
+def test_heldout_modules_are_disjoint_from_train() -> None:
+    train = {m.name for m in SPLITS["train"]} | {f.name for m in SPLITS["train"] for f in m.functions}
+    heldout = {m.name for m in SPLITS["heldout"]} | {f.name for m in SPLITS["heldout"] for f in m.functions}
+    assert not train & heldout
+    assert {t.module for t in family_tasks("heldout", 32, 0)} <= {m.name for m in SPLITS["heldout"]}
+
+
+def test_bad_requests_say_what_to_change() -> None:
+    with pytest.raises(FamilyError, match="unknown split"):
+        family_tasks("test", 4, 0)
+    with pytest.raises(FamilyError, match="at least 1"):
+        family_tasks("train", 0, 0)
+
+
+def test_runner_names_the_buggy_line_and_the_expert_reads_it(tmp_path: Path) -> None:
+    [task] = write_family(tmp_path, "train", 1, 5)
+    result = subprocess.run(
+        ["python3", "run_tests.py"], cwd=task.workspace, capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 1
+    shown = [line for line in result.stdout.splitlines() if line.strip().startswith("lib.py:")]
+    kind = KIND_BY_NAME[task.metadata.tags[-1]]
+    assert shown and kind_of_line(shown[0].split(": ", 1)[1]) is kind
+    context = f"<returncode>1</returncode>\n<output>\n{result.stdout}</output>"
+    sure = ExpertSettings(right_edit_rate=1.0)
+    assert expert_reply(context, random.Random(0), sure, SUBMIT) == fix_reply(kind, SUBMIT)
+    never = ExpertSettings(right_edit_rate=0.0)
+    wrong = expert_reply(context, random.Random(0), never, SUBMIT)
+    assert wrong != fix_reply(kind, SUBMIT) and wrong.rstrip("`\n").endswith(SUBMIT)  # never re-checks
+
+
+def test_expert_first_turn_runs_the_tests_or_guesses_at_its_rate() -> None:
+    settings = ExpertSettings(test_first_rate=0.3)
+    replies = [expert_reply("issue text", random.Random(i), settings, SUBMIT) for i in range(2000)]
+    share = sum(r == RUN_REPLY for r in replies) / len(replies)
+    assert 0.26 < share < 0.34
+    guesses = Counter(r for r in replies if r != RUN_REPLY)
+    assert set(guesses) == {fix_reply(k, SUBMIT) for k in KINDS}  # blind guesses cover every kind
+
+
+def test_family_tasks_are_valid_in_real_sandboxes(tmp_path: Path) -> None:
+    tasks = write_family(tmp_path, "heldout", 8, 11)
+    results = asyncio.run(check_tasks(make_factory(SandboxSettings()), tasks, concurrency=2))
+    assert [(r.gold_reward, r.none_reward) for r in results] == [(1.0, 0.0)] * 8
+    assert all(r.valid for r in results)
