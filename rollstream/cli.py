@@ -48,7 +48,11 @@ SINGLE_COMMANDS = (
     ("replay", "replay"),
     ("whatif", "whatif"),
     ("tail", "tail"),
+    ("report", "report"),
     ("demo", "demo"),
+    ("up", "up"),
+    ("monitor", "monitor"),
+    ("evaluate", "eval"),
 )
 
 

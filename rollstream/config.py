@@ -14,8 +14,21 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agents.settings import AgentSettings, ClientSettings, EngineSettings, FollowSettings, RolloutSettings
+from agents.settings import (
+    AgentSettings,
+    ClientSettings,
+    EngineSettings,
+    EvalSettings,
+    ExpertSettings,
+    FollowSettings,
+    RolloutSettings,
+)
+from rollstream.chaos_settings import ChaosSettings
+from rollstream.live_settings import LiveViewSettings
+from rollstream.report.settings import ReportSettings
+from rollstream.supervisor import SupervisorSettings
 from sandboxes.settings import SandboxSettings, TaskSettings
+from streams.monitor.settings import MonitorSettings
 from streams.settings import (
     KafkaSettings,
     PolicySettings,
@@ -65,6 +78,21 @@ class PostgresSettings(Frozen):
     startup_timeout_s: float = 60.0
 
 
+class LearningSettings(Frozen):
+    """Base -> SFT -> RL on the learning task family (`rollstream bench learning`, the demo)."""
+
+    seed: int = Field(default=0, description="tasks, base model init and the expert's choices")
+    train_tasks: int = Field(default=64, ge=1, description="tasks of the train split (expert, RL)")
+    heldout_tasks: int = Field(default=32, ge=1, description="tasks of the held-out split (evaluation only)")
+    expert_groups_per_task: int = Field(default=2, ge=1, description="expert groups per train task (SFT)")
+    sft_epochs: int = Field(default=4, ge=1)
+    rl_steps: int = Field(default=40, ge=1, description="trainer steps of the RL phase (bench learning)")
+    rl_groups_ahead: int = Field(
+        default=12, ge=1, description="groups requested beyond those formed (bounds staleness and waste)"
+    )
+    phase_timeout_s: float = Field(default=1200.0, gt=0, description="longest wait for one phase")
+
+
 class Config(Frozen):
     run: RunSettings = RunSettings()
     kafka: KafkaSettings = KafkaSettings()
@@ -80,9 +108,17 @@ class Config(Frozen):
     follow: FollowSettings = FollowSettings()
     agent: AgentSettings = AgentSettings()
     rollout: RolloutSettings = RolloutSettings()
+    expert: ExpertSettings = ExpertSettings()
+    eval: EvalSettings = EvalSettings()
+    learning: LearningSettings = LearningSettings()
+    chaos: ChaosSettings = ChaosSettings()
     sandbox: SandboxSettings = SandboxSettings()
     tasks: TaskSettings = TaskSettings()
     trainer: TrainerSettings = TrainerSettings()
+    monitor: MonitorSettings = MonitorSettings()
+    report: ReportSettings = ReportSettings()
+    supervisor: SupervisorSettings = SupervisorSettings()
+    live: LiveViewSettings = LiveViewSettings()
 
     @property
     def state_dir(self) -> Path:

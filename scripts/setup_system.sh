@@ -2,7 +2,8 @@
 # Installs the Debian packages the tests need when they are missing: bubblewrap
 # (default sandbox), PostgreSQL (second event-store backend), podman + runc (the
 # Docker-compatible API for the docker backend), mmdebstrap (its root filesystem),
-# Java and Maven (Kafka from Maven Central).
+# Java and Maven (Kafka from Maven Central), Chromium (the run report's headless browser test),
+# Prometheus (scrapes `rollstream monitor` in the tests).
 set -euo pipefail
 need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)
@@ -11,6 +12,8 @@ command -v podman >/dev/null || need+=(podman runc fuse-overlayfs slirp4netns ui
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need+=(maven)
+command -v prometheus >/dev/null || need+=(prometheus)
+command -v chromium >/dev/null || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing Debian packages: ${need[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

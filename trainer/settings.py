@@ -58,6 +58,9 @@ class TrainerSettings(BaseModel):
     )
     sft_lr: float = 1e-3
     sft_batch_sequences: int = Field(default=8, ge=1, description="sequences per SFT step")
+    sft_publish_every: int = Field(
+        default=1, ge=1, description="SFT writes a version every Nth step (and after the last one)"
+    )
     phase_pause_s: float = Field(
         default=0.0, ge=0, description="test hook: sleep after each logged phase marker (kill tests); 0 = off"
     )

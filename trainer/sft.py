@@ -5,10 +5,11 @@ sft_rows`): one row per resolved trajectory with `input_ids` and `loss_mask`;
 `read_sft_dataset` loads .jsonl or .parquet and refuses anything else with a clear
 error. Training is cross-entropy on loss-masked tokens only (`TrainBackend.
 sft_step`), `trainer.sft_batch_sequences` rows per step in file order, `epochs`
-passes; every step writes a version and a `trainer.steps` event (mode `sft`)
-exactly as RL does (`trainer.publish`), so a run goes base -> SFT -> RL: the last
-SFT version is a model directory RL can start from. Checkpoints (`trainer.resume`,
-mode `sft`) hold the position (epoch, row) and resume bit-exactly too.
+passes; every step writes a `trainer.steps` event (mode `sft`), and every
+`trainer.sft_publish_every`-th step and the last a version, as RL does
+(`trainer.publish`), so a run goes base -> SFT -> RL: the last SFT version is a
+model directory RL can start from. Checkpoints (`trainer.resume`, mode `sft`) hold
+the position (epoch, row) and resume bit-exactly too.
 """
 
 from __future__ import annotations
@@ -126,24 +127,26 @@ class SftTrainer:
 
     async def run(self, sequences: list[SftSequence], epochs: int, stop: asyncio.Event) -> TrainerState:
         async with EventProducer(self.kafka, self.topics) as producer:
-            for after, rows in sft_batches(
-                len(sequences), self.settings.sft_batch_sequences, epochs, self.position
-            ):
+            batches = sft_batches(len(sequences), self.settings.sft_batch_sequences, epochs, self.position)
+            for number, (after, rows) in enumerate(batches, start=1):
                 if stop.is_set():
                     break
-                await self._step([sequences[i] for i in rows], producer)
+                last = number == len(batches)
+                publish = last or (self.state.step + 1) % self.settings.sft_publish_every == 0
+                await self._step([sequences[i] for i in rows], producer, publish=publish)
                 self.position = after
                 if self.state.step % self.settings.checkpoint_every == 0:
                     self.save()
         self.save()
         return self.state
 
-    async def _step(self, batch: list[SftSequence], producer: EventProducer) -> None:
+    async def _step(self, batch: list[SftSequence], producer: EventProducer, *, publish: bool) -> None:
         metrics = self.backend.sft_step(batch)
         self.state.step += 1
-        self.state.version += 1
         started = time.monotonic()
-        await publish_version(producer, self.target, self.backend, self.state)
+        if publish:  # a version per published step; the steps between train on
+            self.state.version += 1
+            await publish_version(producer, self.target, self.backend, self.state)
         publish_s = time.monotonic() - started
         data = step_payload(
             metrics,

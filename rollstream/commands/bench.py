@@ -21,6 +21,9 @@ BENCHMARKS = (
     ("streams", "streams"),
     ("tail", "tail"),
     ("trainer", "trainer"),
+    ("learning", "learning"),
+    ("monitor", "monitor"),
+    ("chaos", "chaos"),
 )
 
 for _module_name, _cli_name in BENCHMARKS:

@@ -1,117 +1,158 @@
-"""`rollstream demo`: the main job — one whole pipeline run on this machine, with a report.
+"""`rollstream demo` (`make run`): the main job, a policy that learns, on this machine.
 
-    start Kafka, create topics, build the default task set, initialise a small policy model
-    start processes: engine (SGLang contract) · stream worker · SQL sink · rollout worker
-    submit N tasks x G attempts, follow the groups as they form (progress bar)
-    report: tail figures, outcomes, groups, sandbox caps; PNGs + HTML; a SQL summary
+    Kafka, topics; the learning family's train and held-out tasks; a base model      prepare
+    the SFT model: expert rollouts through the log, replayed, SFT (first run only)    ensure_sft_model
+    pass@1 on held-out tasks before RL                                               evaluate_model
+    supervised processes: SQL sink, monitor, engine following `weights`,
+        stream worker, rollout worker, trainer (`--steps N`); a live view           start_rl_processes
+    pass@1 on held-out tasks after RL (the last weight version)                      evaluate_model
+    the run report from SQL (PNGs + HTML)                                            summarise_run
 
-The demo's small caps (turns, tokens per turn, tokens per trajectory, context) are
-applied before the user's `--set` overrides, so any of them can be changed. The
-policy model is randomly initialised: it does not solve tasks, so expect
-`unresolved` trajectories and zero-variance groups; the point is the pipeline, the
-events and the report. Point `--engine` at a real model's SGLang server to do better.
+Every process is started and restarted by `rollstream.supervisor.Supervisor`; Ctrl-C
+(SIGINT) or SIGTERM stops them all, and nothing the demo started outlives it. The
+family's caps (`rollstream.learning.LEARNING_DEFAULTS`) come before the user's `--set`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
+import contextlib
+import json
+import signal
 import time
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import typer
 
-from agents.submit import limits_of, run_requests, submit_requests, task_refs
+from agents.evaluate import EvalResult
 from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
 from rollstream.config import Config
-from rollstream.default_tasks import ensure_default_tasks
+from rollstream.evaluation import evaluate_model
 from rollstream.launcher.kafka import ensure_up, points_at_local_broker
-from rollstream.launcher.process import port_in_use
-from rollstream.pipeline import Pipeline, ProcessExitedError
-from rollstream.run_progress import wait_for_groups, wait_for_sink
+from rollstream.learning import (
+    LEARNING_DEFAULTS,
+    LearningError,
+    LearningPaths,
+    ensure_sft_model,
+    feed_until_trained,
+    latest_version_dir,
+    prepare,
+    start_rl_processes,
+)
+from rollstream.live_render import show_live
+from rollstream.live_view import RunFollower, RunView
+from rollstream.run_progress import wait_for_sink
 from rollstream.run_summary import summarise_run
-from streams.topics import create_topics
-from trainer.checkpoint import init_model_dir
+from rollstream.supervisor import ProcessExitedError, Supervisor
 
-DEMO_DEFAULTS = [
-    "policy.max_turns=6",
-    "policy.max_new_tokens_per_turn=48",
-    "policy.max_trajectory_tokens=384",
-    "policy.context_cap=4096",
-    "policy.group_deadline_s=120",
-    "engine.context_length=4096",
-    "rollout.concurrency=16",
-    "sandbox.pool.warm_pool=4",
-]
+DEFAULT_STEPS = 8
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM reached the demo: stop everything and exit 130."""
 
 
 def command(
-    tasks: int = typer.Option(4, "--tasks", min=1, help="tasks to run (from the default set)"),
-    group_size: int = typer.Option(4, "--group-size", min=2, help="attempts per task"),
-    timeout_s: float = typer.Option(600.0, "--timeout", help="give up after this many seconds"),
-    engine: str = typer.Option("", "--engine", help="use this SGLang-compatible engine instead"),
+    steps: int = typer.Option(DEFAULT_STEPS, "--steps", min=1, help="trainer steps of RL"),
+    timeout_s: float = typer.Option(1800.0, "--timeout", help="give up RL after this many seconds"),
     config: ConfigPath = None,
     overrides: Overrides = None,
 ) -> None:
-    """Run the whole pipeline on this machine and write a report."""
-    extra = [*DEMO_DEFAULTS, f"policy.group_size={group_size}", *(overrides or [])]
+    """Train the policy with RL through the whole pipeline; pass@1 before and after; a report."""
+    extra = [*LEARNING_DEFAULTS, *(overrides or [])]
     cfg = read_config(config, extra)
     run_id = cfg.run.name or f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
     console.rule(f"[bold]Rollstream demo · run {run_id}")
-    prepare(cfg)
+    config_args = [*(["--config", str(config)] if config else []), *[a for o in extra for a in ("--set", o)]]
     run_dir = cfg.state_dir / "runs" / run_id
-    config_args = [*(["--config", str(config)] if config else []), *_set_args(extra)]
-    port = cfg.engine.port if not engine and not port_in_use(cfg.engine.port) else _free_port()
-    engine_url = engine or f"http://127.0.0.1:{port}"
-    refs = task_refs(cfg.tasks_dir)[:tasks]
-    with Pipeline(run_dir / "logs", config_args) as pipeline:
-        start_processes(pipeline, cfg, engine_url, port, own_engine=not engine)
-        requests = run_requests(run_id, refs, group_size, limits_of(cfg.policy))
-        asyncio.run(submit_requests(cfg.kafka, cfg.topics, requests))
-        console.print(f"submitted {len(requests)} requests: {len(refs)} tasks x {group_size} attempts")
-        try:
-            asyncio.run(wait_for_groups(cfg, run_id, len(refs), pipeline, timeout_s))
-            asyncio.run(wait_for_sink(cfg, run_id, pipeline, timeout_s=120.0))
-        except (ProcessExitedError, TimeoutError) as error:
-            fail(f"{error}\nlogs: {run_dir / 'logs'}")
-    summarise_run(cfg, run_id, run_dir / "report")
+    try:
+        with _signals_raise():
+            before, after = _run(cfg, run_id, steps, timeout_s, config_args, run_dir)
+    except Interrupted:
+        console.print("[yellow]interrupted: every process stopped[/]")
+        raise typer.Exit(130) from None
+    except (LearningError, ProcessExitedError, TimeoutError) as error:
+        fail(f"{error}\nlogs: {run_dir / 'logs'}")
+    console.print(
+        f"[bold]held-out pass@1: {before.pass1:.3f} before RL (version {before.model_version}) -> "
+        f"{after.pass1:.3f} after {steps} steps (version {after.model_version})[/]"
+    )
+    summary = {"run_id": run_id, "pass1_before": before.pass1, "pass1_after": after.pass1,
+               "version_before": before.model_version, "version_after": after.model_version}  # fmt: skip
+    print(json.dumps(summary))
 
 
-def prepare(cfg: Config) -> None:
-    """Services and inputs: Kafka, topics, the default task set (in `cfg.tasks_dir`), the policy
-    model (in `cfg.model_dir`)."""
-    bootstrap = cfg.kafka.bootstrap
+def _run(cfg: Config, run_id: str, steps: int, timeout_s: float, config_args: list[str], run_dir: Path
+         ) -> tuple[EvalResult, EvalResult]:  # fmt: skip
+    logs = run_dir / "logs"
+    paths = _prepare(cfg)
+    with Supervisor(logs, config_args, cfg.supervisor) as services:
+        services.start("sink", ["sink"])
+        services.start("monitor", ["monitor", "--port", str(cfg.monitor.port)])
+        console.print(f"monitor: http://127.0.0.1:{cfg.monitor.port}/metrics (Prometheus text format)")
+        sft_model = ensure_sft_model(cfg, paths, logs, config_args)
+        console.print(f"SFT model: {sft_model}")
+        before = _evaluate(cfg, paths, sft_model, f"{run_id}-eval-before", logs, config_args)
+        with Supervisor(logs, config_args, cfg.supervisor) as pipeline:
+            url = start_rl_processes(cfg, paths, run_id, sft_model, steps, pipeline, with_sink=False)
+            asyncio.run(_train_live(cfg, paths, run_id, pipeline, url, timeout_s))
+        after = _evaluate(cfg, paths, latest_version_dir(cfg.weights_dir / run_id), f"{run_id}-eval-after",
+                          logs, config_args)  # fmt: skip
+        for run in (run_id, before.run_id, after.run_id):  # the report and SQL see every event
+            asyncio.run(wait_for_sink(cfg, run, services, timeout_s=120.0))
+        summarise_run(cfg, run_id, run_dir / "report")
+    return before, after
+
+
+def _prepare(cfg: Config) -> LearningPaths:
     if points_at_local_broker(cfg):  # a remote cluster in kafka.bootstrap is used as it is
         with console.status("starting Kafka (the first time fetches its jars from Maven Central)"):
-            bootstrap = ensure_up(cfg)
-    console.print(f"Kafka at {bootstrap}")
-    asyncio.run(create_topics(cfg.kafka, cfg.topics))
-    tasks_dir = ensure_default_tasks(cfg)
-    console.print(f"tasks in {tasks_dir}")
-    model_dir = cfg.model_dir
-    if not (model_dir / "config.json").exists():
-        with console.status("initialising the policy model"):
-            init_model_dir(cfg.model, model_dir)
-    console.print(f"policy model in {model_dir}")
+            ensure_up(cfg)
+    with console.status("preparing the learning family's tasks and the base model"):
+        paths = prepare(cfg)
+    console.print(f"tasks: {paths.train_tasks} (train), {paths.heldout_tasks} (held-out)")
+    return paths
 
 
-def start_processes(pipeline: Pipeline, cfg: Config, engine_url: str, port: int, *, own_engine: bool) -> None:
-    if own_engine:
-        pipeline.start("engine", ["engine", "serve", "--model", str(cfg.model_dir), "--port", str(port)])
-    pipeline.start("worker", ["worker"])
-    pipeline.start("sink", ["sink"])
-    pipeline.start(
-        "rollout",
-        ["rollout", "--tasks", str(cfg.tasks_dir), "--engine", engine_url, "--model", str(cfg.model_dir)],
-    )  # fmt: skip
-    console.print(f"processes: {', '.join(pipeline.processes)}; logs in {pipeline.log_dir}")
+def _evaluate(cfg: Config, paths: LearningPaths, model: Path, run: str, logs: Path, config_args: list[str]
+              ) -> EvalResult:  # fmt: skip
+    with console.status(f"held-out pass@1 of {model} ({cfg.eval.attempts} attempts per task)"):
+        result = evaluate_model(cfg, model, paths.heldout_tasks, run, log_dir=logs, config_args=config_args)
+    console.print(f"held-out pass@1 of version {result.model_version}: {result.pass1:.3f} ({run})")
+    return result
 
 
-def _set_args(overrides: list[str]) -> list[str]:
-    return [arg for item in overrides for arg in ("--set", item)]
+async def _train_live(cfg: Config, paths: LearningPaths, run_id: str, pipeline: Supervisor, url: str,
+                      timeout_s: float) -> None:  # fmt: skip
+    """Feed the trainer groups while the live view shows the run, until the trainer has its steps."""
+    stop = asyncio.Event()
+    asyncio.get_running_loop().call_later(timeout_s, stop.set)
+    view = RunView(run_id, slots=cfg.rollout.concurrency)
+    follower = RunFollower(cfg.kafka, cfg.topics, view, cfg.live, [url], since_ns=time.time_ns() - 60 * 10**9)
+    feeding = asyncio.create_task(feed_until_trained(cfg, paths, run_id, pipeline))
+    try:
+        await show_live(follower, console, stop, supervisor=pipeline, until=lambda _: feeding.done())
+    finally:
+        if not feeding.done():
+            feeding.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await feeding  # raises what the feeder raised
+    if not pipeline.done("trainer"):
+        raise TimeoutError(f"the trainer did not finish its steps within {timeout_s:.0f} s")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGINT and SIGTERM raise `Interrupted` in the main thread, so every `with` unwinds and stops."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -1,0 +1,118 @@
+"""Evaluation: pass@1 of a policy on a task set, through real episodes whose events go to the log.
+
+`evaluate(...)` runs `attempts` episodes of every task (one group per task, under the
+eval's own run id) with the worker's episode code, writing every event to
+`rollout.events` like a rollout worker does, so SQL answers "pass@1 by version" for
+eval runs as for any other. An attempt that ends in an infrastructure error is re-run
+(a new trajectory id, `retry + 1`) up to `max_infra_reruns` times and is never counted
+as a failure; an attempt still failing then raises `EvalInfraError` rather than bias
+the figure.
+
+pass@1 is the reference run's: for each task the mean success over its attempts, then
+the mean over tasks (`pass_at_1`, pure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from agents.episode import Episode, EpisodeServices, EpisodeSpec, EventSink
+from agents.identity import group_id, trajectory_id
+from sandboxes.tasks import Task
+from streams.outcomes import Outcome
+from streams.payloads import Limits
+
+
+class EvalInfraError(RuntimeError):
+    """An attempt ended in an infrastructure error every time it was run; the message says which."""
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    task_id: str
+    attempt: int
+    resolved: bool
+    outcome: str
+    reruns: int  # infrastructure errors re-run before this result
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    run_id: str
+    model_version: int
+    tasks: int
+    attempts: int
+    pass1: float
+    infra_reruns: int
+    outcomes: dict[str, int]
+
+    def summary(self) -> dict[str, object]:
+        """The last line of `rollstream eval`."""
+        return {
+            "pass1": round(self.pass1, 4), "tasks": self.tasks, "attempts": self.attempts,
+            "model_version": self.model_version, "run_id": self.run_id, "infra_reruns": self.infra_reruns,
+        }  # fmt: skip
+
+
+def pass_at_1(results: Sequence[AttemptResult]) -> float:
+    """Mean over tasks of the mean per-attempt success (0.0 for no results)."""
+    by_task: dict[str, list[bool]] = defaultdict(list)
+    for result in results:
+        by_task[result.task_id].append(result.resolved)
+    if not by_task:
+        return 0.0
+    return sum(sum(v) / len(v) for v in by_task.values()) / len(by_task)
+
+
+async def evaluate(
+    run_id: str,
+    tasks: Sequence[Task],
+    attempts: int,
+    *,
+    services: EpisodeServices,
+    sink: EventSink,
+    limits: Limits,
+    concurrency: int,
+    max_infra_reruns: int,
+    model_version: int,
+    on_result: Callable[[AttemptResult], None] | None = None,
+) -> EvalResult:
+    """Run every (task, attempt) and return pass@1 (see the module docstring)."""
+    if attempts < 1 or not tasks:
+        raise ValueError("an evaluation needs at least one task and one attempt")
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(task: Task, attempt: int) -> AttemptResult:
+        group = group_id(run_id, task.id, 0)
+        for retry in range(max_infra_reruns + 1):
+            spec = EpisodeSpec(
+                run_id=run_id, group_id=group, trajectory_id=trajectory_id(group, attempt, retry), task=task,
+                attempt=attempt, retry=retry, group_size=attempts, limits=limits,
+            )  # fmt: skip
+            async with slots:
+                finished = await Episode(spec, services, sink).run()
+            if not finished.outcome.is_infra_error:
+                result = AttemptResult(
+                    task.id, attempt, finished.outcome == Outcome.RESOLVED, finished.outcome.value, retry
+                )
+                if on_result is not None:
+                    on_result(result)
+                return result
+        raise EvalInfraError(
+            f"task {task.id} attempt {attempt}: {max_infra_reruns + 1} runs all ended in "
+            f"{finished.outcome.value} ({finished.error}); fix the infrastructure and evaluate again"
+        )
+
+    results = await asyncio.gather(*(one(task, a) for task in tasks for a in range(attempts)))
+    return EvalResult(
+        run_id=run_id,
+        model_version=model_version,
+        tasks=len(tasks),
+        attempts=attempts,
+        pass1=pass_at_1(results),
+        infra_reruns=sum(r.reruns for r in results),
+        outcomes=dict(Counter(r.outcome for r in results)),
+    )

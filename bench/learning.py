@@ -1,0 +1,124 @@
+"""`rollstream bench learning [--seed S]`: base, SFT and RL from scratch, each evaluated on held-out tasks.
+
+The whole of `rollstream.learning` for one seed, in a fresh `<state_dir>/learning/seed-S/`:
+the family's train and held-out splits and a base model from the seed; pass@1 of the
+base model; the scripted expert's rollouts through a rollout and a stream worker; SFT
+data replayed from the log; SFT; pass@1 of the SFT model; RL from the SFT model with
+the trainer in the loop (engine following `weights`, stream worker, rollout worker,
+trainer) for `learning.rl_steps` steps; pass@1 of the last RL version. All evaluations
+run `eval.attempts` attempts of every held-out task (`rollstream eval`'s code).
+
+Last line: `{"base_pass1", "sft_pass1", "rl_pass1", "rl_steps", "wall_s", "ratio",
+"expert_resolved", ...}` with ratio = rl_pass1 / sft_pass1 (the reference run: 2.1).
+Targets (2 CPU cores, within 30 minutes): RL at least 15 points of pass@1 over SFT,
+SFT at least 10 over base, for any seed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import typer
+
+from agents.evaluate import EvalResult
+from bench.local_broker import ensure_local_broker
+from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.config import Config
+from rollstream.evaluation import evaluate_model
+from rollstream.learning import (
+    LEARNING_DEFAULTS,
+    LearningError,
+    LearningPaths,
+    build_sft_model,
+    collect_expert,
+    feed_until_trained,
+    latest_version_dir,
+    learning_paths,
+    prepare,
+    start_rl_processes,
+)
+from rollstream.supervisor import ProcessExitedError, Supervisor
+
+
+def command(
+    seed: int = typer.Option(0, "--seed", help="tasks, model init and the expert's choices"),
+    steps: int | None = typer.Option(None, "--steps", min=1, help="RL steps (learning.rl_steps)"),
+    config: ConfigPath = None,
+    overrides: Overrides = None,
+) -> None:
+    """Base -> SFT -> RL on the learning family; pass@1 of each on held-out tasks; last line JSON."""
+    extra = [*LEARNING_DEFAULTS, f"learning.seed={seed}", *([f"learning.rl_steps={steps}"] if steps else []),
+             *isolated(f"bl{seed}-{uuid.uuid4().hex[:6]}"), *(overrides or [])]  # fmt: skip
+    cfg = read_config(config, extra)
+    ensure_local_broker(cfg)
+    config_args = [*(["--config", str(config)] if config else []), *[a for o in extra for a in ("--set", o)]]
+    began = time.monotonic()
+    shutil.rmtree(learning_paths(cfg).root, ignore_errors=True)  # from scratch
+    try:
+        figures = _run(cfg, prepare(cfg), config_args, f"bench-learning-s{seed}-{int(time.time())}")
+    except (LearningError, ProcessExitedError, TimeoutError) as error:
+        fail(str(error))
+    figures["wall_s"] = round(time.monotonic() - began, 1)
+    figures["ratio"] = round(figures["rl_pass1"] / figures["sft_pass1"], 3) if figures["sft_pass1"] else None
+    print(json.dumps(figures))
+
+
+def isolated(name: str) -> list[str]:
+    """Fresh topics and consumer groups: no request or rebalance of another run reaches this one."""
+    return [
+        f'topics.prefix="{name}-"', f'rollout.consumer_group="{name}-rollout"',
+        f'streams.group_id="{name}-streams"', f'trainer.consumer_group="{name}-trainer"',
+    ]  # fmt: skip
+
+
+def _run(cfg: Config, paths: LearningPaths, config_args: list[str], run: str) -> dict:
+    logs = cfg.state_dir / "runs" / run / "logs"
+    timings: dict[str, float] = {}
+
+    def evaluate(model: Path, name: str) -> EvalResult:
+        t0 = time.monotonic()
+        result = evaluate_model(cfg, model, paths.heldout_tasks, f"{run}-eval-{name}", log_dir=logs,
+                                config_args=config_args)  # fmt: skip
+        timings[f"eval_{name}_s"] = round(time.monotonic() - t0, 1)
+        console.print(
+            f"{name}: pass@1 {result.pass1:.3f} ({result.outcomes}) in {timings[f'eval_{name}_s']} s"
+        )
+        return result
+
+    base = evaluate(paths.base_model, "base")
+    t0 = time.monotonic()
+    with Supervisor(logs, config_args, cfg.supervisor) as pipeline:
+        collect_expert(cfg, paths, f"{run}-expert", pipeline)
+    sft_model = build_sft_model(cfg, paths, f"{run}-expert", config_args)
+    timings["expert_and_sft_s"] = round(time.monotonic() - t0, 1)
+    sft = evaluate(sft_model, "sft")
+    t0 = time.monotonic()
+    rl_run = f"{run}-rl"
+    with Supervisor(logs, config_args, cfg.supervisor) as pipeline:
+        start_rl_processes(cfg, paths, rl_run, sft_model, cfg.learning.rl_steps, pipeline, with_sink=False)
+        progress = asyncio_run_feed(cfg, paths, rl_run, pipeline)
+    timings["rl_s"] = round(time.monotonic() - t0, 1)
+    rl = evaluate(latest_version_dir(cfg.weights_dir / rl_run), "rl")
+    return {
+        "base_pass1": round(base.pass1, 4), "sft_pass1": round(sft.pass1, 4), "rl_pass1": round(rl.pass1, 4),
+        "rl_steps": progress.step, "seed": cfg.learning.seed, "heldout_tasks": sft.tasks,
+        "attempts": sft.attempts, "rl_groups": progress.groups_formed, **timings,
+    }  # fmt: skip
+
+
+def asyncio_run_feed(cfg: Config, paths: LearningPaths, run_id: str, pipeline: Supervisor):  # type: ignore[no-untyped-def]
+    import asyncio
+
+    last = [-1]
+
+    def show(progress) -> None:  # type: ignore[no-untyped-def]
+        if progress.step != last[0]:
+            last[0] = progress.step
+            console.print(f"RL step {progress.step}: {progress.groups_formed} groups formed, "
+                          f"{progress.groups_submitted} submitted")  # fmt: skip
+
+    return asyncio.run(feed_until_trained(cfg, paths, run_id, pipeline, show))

@@ -1,0 +1,282 @@
+"""Base -> SFT -> RL on the learning task family, through the real pipeline (bench learning, demo).
+
+    family tasks (train, heldout) and a base model, from the seed      prepare
+    expert rollouts: `rollstream rollout --policy expert` + a stream worker   collect_expert
+    `rollstream replay --dataset sft` (the dataset's provenance is the log)   build_sft_model
+    `rollstream train --sft` -> the SFT model                          build_sft_model
+    RL: engine following `weights`, stream worker, rollout worker, trainer;   run_rl
+        groups submitted `learning.rl_groups_ahead` ahead of those formed
+    evaluations of base, SFT and RL on the held-out split              rollstream.evaluation
+
+Every step is a real process of the pipeline started by `Supervisor`; this module only
+decides what runs when. Paths are under `<state_dir>/learning/seed-<S>/`; a finished
+SFT model there is reused (`ensure_sft_model`), as the demo does after its first run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agents.identity import group_id
+from agents.submit import TaskRef, limits_of, request_event, run_requests, submit_requests, task_refs
+from rollstream.config import Config
+from rollstream.evaluation import free_port, wait_for_engine
+from rollstream.run_progress import wait_for_groups
+from rollstream.supervisor import Supervisor
+from sandboxes.tasks.family import write_family
+from streams.bus import EventConsumer, EventProducer
+from streams.payloads import GroupFormed, TrainerStep
+from streams.topics import create_topics
+from trainer.checkpoint import init_model_dir
+from trainer.checkpoint import read_config as read_model_config
+from trainer.intake import STALE
+
+# The family's episodes are short: caps sized to them (users' --set overrides come after).
+LEARNING_DEFAULTS = (
+    "policy.max_turns=4",
+    "policy.max_new_tokens_per_turn=96",
+    "policy.max_trajectory_tokens=256",
+    "policy.context_cap=1024",
+    "policy.group_size=8",
+    "engine.context_length=1024",
+    "rollout.concurrency=32",
+    "sandbox.pool.warm_pool=4",
+    "policy.max_staleness=2",
+    "trainer.lr=3e-4",
+    "trainer.updates_per_step=4",
+    "trainer.loss_aggregation=\"seq_mean_token_mean\"",
+    "trainer.sft_publish_every=1000000",
+)
+
+
+class LearningError(RuntimeError):
+    """A phase of the learning run failed; the message says which and where its logs are."""
+
+
+@dataclass(frozen=True)
+class LearningPaths:
+    root: Path
+
+    @property
+    def base_model(self) -> Path:
+        return self.root / "base"
+
+    @property
+    def train_tasks(self) -> Path:
+        return self.root / "tasks" / "train"
+
+    @property
+    def heldout_tasks(self) -> Path:
+        return self.root / "tasks" / "heldout"
+
+    @property
+    def sft_model(self) -> Path:
+        return self.root / "sft-model"
+
+
+def learning_paths(cfg: Config) -> LearningPaths:
+    return LearningPaths(cfg.state_dir / "learning" / f"seed-{cfg.learning.seed}")
+
+
+def prepare(cfg: Config) -> LearningPaths:
+    """Topics, both task splits and the base model for `cfg.learning.seed` (kept when present)."""
+    asyncio.run(create_topics(cfg.kafka, cfg.topics))
+    paths, learning = learning_paths(cfg), cfg.learning
+    for directory, split, n in ((paths.train_tasks, "train", learning.train_tasks),
+                                (paths.heldout_tasks, "heldout", learning.heldout_tasks)):  # fmt: skip
+        recipe = {"split": split, "n": n, "seed": learning.seed}
+        if _recipe(directory) != recipe:
+            if directory.exists():
+                shutil.rmtree(directory)
+            write_family(directory, split, n, learning.seed, python=cfg.tasks.python)
+    if not (paths.base_model / "config.json").exists():
+        settings = cfg.model.model_copy(update={"seed": learning.seed})
+        init_model_dir(settings, paths.base_model)
+    return paths
+
+
+def _recipe(directory: Path) -> dict[str, object] | None:
+    try:
+        data = json.loads((directory / "family.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return {key: data.get(key) for key in ("split", "n", "seed")}
+
+
+def collect_expert(cfg: Config, paths: LearningPaths, run_id: str, pipeline: Supervisor) -> None:
+    """The scripted expert's rollouts of the train split, through a rollout worker and a stream worker."""
+    pipeline.start("expert-worker", ["worker"])
+    pipeline.start("expert-rollout", ["rollout", "--policy", "expert", "--tasks", str(paths.train_tasks),
+                                      "--model", str(paths.base_model)])  # fmt: skip
+    refs = task_refs(paths.train_tasks)
+    groups = cfg.learning.expert_groups_per_task
+    requests = run_requests(
+        run_id, refs, cfg.policy.group_size, limits_of(cfg.policy), groups_per_task=groups
+    )
+    asyncio.run(submit_requests(cfg.kafka, cfg.topics, requests))
+    asyncio.run(wait_for_groups(cfg, run_id, len(refs) * groups, pipeline, cfg.learning.phase_timeout_s))
+
+
+def build_sft_model(cfg: Config, paths: LearningPaths, expert_run: str, config_args: list[str]) -> Path:
+    """SFT data replayed from the expert run's events, SFT on it, the last version kept as `sft_model`."""
+    work = paths.root / "sft"
+    if work.exists():
+        shutil.rmtree(work)
+    dataset = work / "sft.jsonl"
+    model_arg = ["--set", f'model.path="{paths.base_model}"']
+    _run_cli(
+        ["replay", "--run", expert_run, "--dataset", "sft", "--out", str(dataset), *config_args, *model_arg]
+    )
+    sft_run = f"{expert_run}-sft"
+    _run_cli(["train", "--sft", str(dataset), "--out", str(work / "weights"), "--run", sft_run,
+              "--epochs", str(cfg.learning.sft_epochs), *config_args, *model_arg])  # fmt: skip
+    last = latest_version_dir(work / "weights" / sft_run)
+    staged = paths.sft_model.with_name(paths.sft_model.name + ".partial")
+    shutil.rmtree(staged, ignore_errors=True)
+    shutil.copytree(last, staged)
+    shutil.rmtree(paths.sft_model, ignore_errors=True)
+    staged.rename(paths.sft_model)
+    return paths.sft_model
+
+
+def ensure_sft_model(cfg: Config, paths: LearningPaths, log_dir: Path, config_args: list[str]) -> Path:
+    """The SFT model of this seed, built through the log the first time and reused after."""
+    if (paths.sft_model / "config.json").exists():
+        return paths.sft_model
+    expert_run = f"expert-seed{cfg.learning.seed}-{_stamp()}"
+    with Supervisor(log_dir, config_args, cfg.supervisor) as pipeline:
+        collect_expert(cfg, paths, expert_run, pipeline)
+    return build_sft_model(cfg, paths, expert_run, config_args)
+
+
+def latest_version_dir(run_dir: Path) -> Path:
+    versions = (
+        sorted(p for p in run_dir.iterdir() if p.is_dir() and p.name.isdigit()) if run_dir.is_dir() else []
+    )
+    if not versions:
+        raise LearningError(f"no weight version was written under {run_dir}")
+    return versions[-1]
+
+
+def _run_cli(args: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", "rollstream", *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise LearningError(
+            f"`rollstream {' '.join(args[:3])} ...` failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+        )
+
+
+def _stamp() -> str:
+    import time
+    import uuid
+
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+
+
+@dataclass(frozen=True)
+class RlProgress:
+    step: int
+    groups_formed: int
+    groups_submitted: int
+
+
+ProgressFn = Callable[[RlProgress], None]
+
+
+def start_rl_processes(cfg: Config, paths: LearningPaths, run_id: str, start_model: Path, steps: int,
+                       pipeline: Supervisor, *, with_sink: bool) -> str:  # fmt: skip
+    """Engine (following `weights` of `run_id`), stream worker, rollout worker, trainer; the engine URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    model_arg = ["--set", f'model.path="{start_model}"']
+    pipeline.start("engine", ["engine", "serve", "--model", str(start_model), "--port", str(port),
+                              "--follow-weights", run_id])  # fmt: skip
+    asyncio.run(wait_for_engine(url, cfg.eval.engine_start_timeout_s, pipeline.check_alive))
+    pipeline.start("worker", ["worker"])
+    if with_sink:
+        pipeline.start("sink", ["sink"])
+    pipeline.start("rollout", ["rollout", "--tasks", str(paths.train_tasks), "--engine", url,
+                               "--model", str(start_model)])  # fmt: skip
+    pipeline.start("trainer", ["train", "--run", run_id, "--steps", str(steps), *model_arg], completes=True)
+    return url
+
+
+async def feed_until_trained(cfg: Config, paths: LearningPaths, run_id: str, pipeline: Supervisor,
+                             on_progress: ProgressFn | None = None) -> RlProgress:  # fmt: skip
+    """Submit groups of train tasks until the trainer exits, keeping at most `rl_groups_ahead` groups
+    unsettled (requested but neither trained on nor dropped), so no work waits long enough to go stale."""
+    refs = task_refs(paths.train_tasks)
+    ledger = GroupLedger()
+    shorts = ("groups", "trainer.steps")
+    async with (
+        EventProducer(cfg.kafka, cfg.topics) as producer,
+        EventConsumer(cfg.kafka, cfg.topics, shorts, group_id=None, name=f"feed-{run_id}") as consumer,
+    ):
+        while not pipeline.done("trainer"):
+            while ledger.unsettled < cfg.learning.rl_groups_ahead:
+                await _submit_group(cfg, producer, run_id, refs, ledger.submitted)
+                ledger.submitted += 1
+            await producer.flush()
+            for item in await consumer.batch(timeout_ms=500):
+                if item.event.run_id == run_id:
+                    ledger.record(item.event.data)
+            pipeline.check_alive()
+            if on_progress is not None:
+                on_progress(ledger.progress())
+    return ledger.progress()
+
+
+@dataclass
+class GroupLedger:
+    """Groups of an RL run: requested, formed, dropped and trained on; `unsettled` is what is still
+    to be trained on or dropped. The trainer's stale count includes groups the stream worker had
+    already dropped as stale, so only its excess over those is the trainer's own."""
+
+    submitted: int = 0
+    formed: int = 0
+    dropped: int = 0  # by the stream worker, any reason
+    dropped_stale: int = 0  # by the stream worker, as stale
+    trainer_stale: int = 0
+    trained: int = 0
+    step: int = 0
+
+    def record(self, data: object) -> None:
+        if isinstance(data, GroupFormed):
+            self.formed += 1
+            self.dropped += data.dropped is not None
+            self.dropped_stale += data.dropped == STALE
+        elif isinstance(data, TrainerStep) and data.mode == "rl":
+            self.step = max(self.step, data.step)
+            self.trained += len(data.group_ids)
+            self.trainer_stale += data.stale_groups
+
+    @property
+    def unsettled(self) -> int:
+        own_stale = max(0, self.trainer_stale - self.dropped_stale)
+        return self.submitted - self.dropped - own_stale - self.trained
+
+    def progress(self) -> RlProgress:
+        return RlProgress(self.step, self.formed, self.submitted)
+
+
+async def _submit_group(
+    cfg: Config, producer: EventProducer, run_id: str, refs: list[TaskRef], n: int
+) -> None:
+    task = refs[n % len(refs)]
+    group = group_id(run_id, task.task_id, n // len(refs))
+    size = cfg.policy.group_size
+    for attempt in range(size):
+        event = request_event(run_id=run_id, group=group, task=task, attempt=attempt, retry=0,
+                              group_size=size, limits=limits_of(cfg.policy), source="learning")  # fmt: skip
+        await producer.send("rollout.requests", event)
+
+
+def model_version(model_dir: Path) -> int:
+    return read_model_config(model_dir).weight_version
