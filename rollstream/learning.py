@@ -30,7 +30,7 @@ from rollstream.config import Config
 from rollstream.evaluation import free_port, wait_for_engine
 from rollstream.run_progress import wait_for_groups
 from rollstream.supervisor import Supervisor
-from sandboxes.tasks.family import write_family
+from sandboxes.tasks.family import FAMILY_VERSION, write_family
 from streams.bus import EventConsumer, EventProducer
 from streams.payloads import GroupFormed, TrainerStep
 from streams.topics import create_topics
@@ -49,6 +49,7 @@ LEARNING_DEFAULTS = (
     "rollout.concurrency=32",
     "sandbox.pool.warm_pool=4",
     "policy.max_staleness=2",
+    "agent.temperature=0.7",
     "trainer.lr=3e-4",
     "trainer.updates_per_step=4",
     "trainer.loss_aggregation=\"seq_mean_token_mean\"",
@@ -86,16 +87,18 @@ def learning_paths(cfg: Config) -> LearningPaths:
 
 
 def prepare(cfg: Config) -> LearningPaths:
-    """Topics, both task splits and the base model for `cfg.learning.seed` (kept when present)."""
+    """Topics, both task splits and the base model for `cfg.learning.seed` (kept when present; a
+    split whose recipe changed is rebuilt, and the SFT model made from the old one removed)."""
     asyncio.run(create_topics(cfg.kafka, cfg.topics))
     paths, learning = learning_paths(cfg), cfg.learning
     for directory, split, n in ((paths.train_tasks, "train", learning.train_tasks),
                                 (paths.heldout_tasks, "heldout", learning.heldout_tasks)):  # fmt: skip
-        recipe = {"split": split, "n": n, "seed": learning.seed}
+        recipe = {"split": split, "n": n, "seed": learning.seed, "version": FAMILY_VERSION}
         if _recipe(directory) != recipe:
             if directory.exists():
                 shutil.rmtree(directory)
             write_family(directory, split, n, learning.seed, python=cfg.tasks.python)
+            shutil.rmtree(paths.sft_model, ignore_errors=True)  # it learned from the old tasks
     if not (paths.base_model / "config.json").exists():
         settings = cfg.model.model_copy(update={"seed": learning.seed})
         init_model_dir(settings, paths.base_model)
@@ -107,7 +110,7 @@ def _recipe(directory: Path) -> dict[str, object] | None:
         data = json.loads((directory / "family.json").read_text())
     except (OSError, ValueError):
         return None
-    return {key: data.get(key) for key in ("split", "n", "seed")}
+    return {key: data.get(key) for key in ("split", "n", "seed", "version")}
 
 
 def collect_expert(cfg: Config, paths: LearningPaths, run_id: str, pipeline: Supervisor) -> None:

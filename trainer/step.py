@@ -139,7 +139,10 @@ def trains(sample: TrainSample) -> bool:
 
 
 def _mini_batches(samples: Sequence[TrainSample], count: int) -> list[list[TrainSample]]:
-    """`count` consecutive, near-equal runs of samples (fewer when there are fewer samples)."""
+    """`count` consecutive, near-equal runs of samples (fewer when there are fewer samples; none
+    when there are none: a batch whose members are all loss-masked trains nothing)."""
+    if not samples:
+        return []
     count = min(count, len(samples))
     bounds = [round(i * len(samples) / count) for i in range(count + 1)]
     return [list(samples[bounds[i] : bounds[i + 1]]) for i in range(count)]

@@ -33,10 +33,13 @@ from sandboxes.tasks.harbor import REPO_DIR, Task, TaskMetadata, write_task_file
 LIB_FILE = "lib.py"
 TESTS_FILE = "tests/test_lib.py"
 RUN_TESTS = "python3 run_tests.py"
+# The same words for every task: what differs between tasks is in the repository and its test output,
+# so the first step (run the tests) is learned once for every library, held-out ones included.
 INSTRUCTION = (
-    "`lib.py` ({doc}) has a bug: some of its tests fail.\n\n"
+    "`lib.py` has a bug: some of its tests fail.\n\n"
     f"Run the tests with `{RUN_TESTS}`, fix the bug in `lib.py` (do not edit the tests), and submit."
 )
+FAMILY_VERSION = 2  # bump when generated tasks change, so kept task sets are rebuilt
 
 
 class FamilyError(ValueError):
@@ -196,7 +199,7 @@ def _task(task_id: str, module: Module, order: list[Function], buggy: Function, 
     task = FamilyTask(
         id=task_id, module=module.name, function=buggy.name, kind=kind.name, lib=lib, fixed_lib=fixed,
         tests=tests, fail_to_pass=fail_to_pass, pass_to_pass=pass_to_pass,
-        instruction=INSTRUCTION.format(doc=module.doc.rstrip(".").lower()),
+        instruction=INSTRUCTION,
     )  # fmt: skip
     check_task(task)
     return task
@@ -220,7 +223,8 @@ def write_family(out: Path, split: str, n: int, seed: int, *, python: str = "pyt
     out.mkdir(parents=True, exist_ok=True)
     for item in family_tasks(split, n, seed):
         written.append(_write_task(out / item.id, item, python, verifier_timeout_s, agent_timeout_s))
-    recipe = {"split": split, "n": n, "seed": seed, "kinds": [k.name for k in KINDS]}
+    kinds = [k.name for k in KINDS]
+    recipe = {"split": split, "n": n, "seed": seed, "version": FAMILY_VERSION, "kinds": kinds}
     (out / "family.json").write_text(json.dumps(recipe, indent=2) + "\n")
     return written
 

@@ -28,6 +28,7 @@ from typing import Any
 import faust
 from faust.web import Request, Response, View
 
+from streams.heartbeat import start_heartbeat
 from streams.monitor.exposition import CONTENT_TYPE, render
 from streams.monitor.figures import (
     FigureState,
@@ -87,6 +88,10 @@ class Monitor:
                 return self.text(monitor.exposition(), content_type=CONTENT_TYPE)
 
         self.app.page("/metrics")(Metrics)
+
+        @self.app.task
+        async def beat() -> None:  # from faust's own loop, so a stuck monitor stops beating
+            start_heartbeat()
 
     def _add_group(self, count: int, names: list[str]) -> None:
         s = self.settings
