@@ -38,7 +38,11 @@ class TrainBackend(Protocol):
 class TorchBackend:
     """One process, one device: `trainer.step` over a `PolicyModel` and its optimizer."""
 
-    def __init__(self, model: PolicyModel, settings: TrainerSettings, *, lr: float) -> None:
+    def __init__(
+        self, model: PolicyModel, settings: TrainerSettings, *, lr: float, temperature: float = 1.0
+    ) -> None:
+        """`temperature`: the rollouts' sampling temperature (`agent.temperature`), for RL logprobs."""
+        self.temperature = temperature
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
         self.device = torch.device(settings.device)
@@ -48,7 +52,7 @@ class TorchBackend:
         seed_everything(settings.seed)
 
     def rl_step(self, samples: Sequence[TrainSample]) -> StepMetrics:
-        return rl_step(self.model, self.optimizer, samples, self.settings, self.device)
+        return rl_step(self.model, self.optimizer, samples, self.settings, self.device, self.temperature)
 
     def sft_step(self, sequences: Sequence[SftSequence]) -> StepMetrics:
         return sft_step(self.model, self.optimizer, sequences, self.settings, self.device)

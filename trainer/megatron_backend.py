@@ -172,8 +172,11 @@ def load_megatron_state(gpt: nn.Module, state: Mapping[str, torch.Tensor]) -> No
 class MegatronBackend:
     """One GPU process: `trainer.step` over megatron-core's GPTModel (see the module docstring)."""
 
-    def __init__(self, model: PolicyModel, settings: TrainerSettings, *, lr: float) -> None:
+    def __init__(
+        self, model: PolicyModel, settings: TrainerSettings, *, lr: float, temperature: float = 1.0
+    ) -> None:
         require_megatron()
+        self.temperature = temperature
         self.config = model.config
         self.settings = settings
         self.device = _init_distributed(settings.seed)
@@ -184,7 +187,7 @@ class MegatronBackend:
         self.optimizer = make_optimizer(self.model, settings, lr)
 
     def rl_step(self, samples: Sequence[TrainSample]) -> StepMetrics:
-        return rl_step(self.model, self.optimizer, samples, self.settings, self.device)
+        return rl_step(self.model, self.optimizer, samples, self.settings, self.device, self.temperature)
 
     def sft_step(self, sequences: Sequence[SftSequence]) -> StepMetrics:
         return sft_step(self.model, self.optimizer, sequences, self.settings, self.device)

@@ -148,9 +148,9 @@ def _mini_batches(samples: Sequence[TrainSample], count: int) -> list[list[Train
     return [list(samples[bounds[i] : bounds[i + 1]]) for i in range(count)]
 
 
-def _logprobs_no_grad(model: nn.Module, batch: _Tensors) -> torch.Tensor:
+def _logprobs_no_grad(model: nn.Module, batch: _Tensors, temperature: float = 1.0) -> torch.Tensor:
     with torch.no_grad():
-        return next_token_logprobs(model(batch.token_ids), batch.token_ids)
+        return next_token_logprobs(model(batch.token_ids) / temperature, batch.token_ids)
 
 
 def sequence_logprobs(
@@ -170,6 +170,7 @@ def _update(
     optimizer: torch.optim.Optimizer,
     plan: list[tuple[_Tensors, torch.Tensor]],
     settings: TrainerSettings,
+    temperature: float,
 ) -> tuple[float, float, LossSums]:
     """One optimiser step over a mini-batch's micro-batches: (loss, grad norm before clip, sums)."""
     optimizer.zero_grad(set_to_none=True)
@@ -177,7 +178,7 @@ def _update(
     total, sums = 0.0, LossSums()
     for batch, logp_old in plan:
         loss, micro_sums = policy_loss(
-            model(batch.token_ids),
+            model(batch.token_ids) / temperature,
             batch.token_ids,
             logp_old,
             batch.rollout_logprobs,
@@ -200,15 +201,18 @@ def rl_step(
     samples: Sequence[TrainSample],
     settings: TrainerSettings,
     device: torch.device,
+    temperature: float = 1.0,
 ) -> StepMetrics:
     """The pinned RL step (module docstring). Samples without loss tokens (loss-masked members)
-    count only in reward_mean and trajectories; a batch with none trains nothing."""
+    count only in reward_mean and trajectories; a batch with none trains nothing. `temperature`
+    is the rollouts' sampling temperature: logprobs are of the distribution the engine sampled
+    from (logits / temperature), as the engine reports them, or the importance weights are off."""
     started = time.perf_counter()
     trained = [s for s in samples if trains(s)]
     plans: list[list[tuple[_Tensors, torch.Tensor]]] = []
     for mini in _mini_batches(trained, settings.updates_per_step):
         batches = [_tensors(micro, device) for micro in micro_batches(mini, settings.micro_batch_tokens)]
-        plans.append([(batch, _logprobs_no_grad(model, batch)) for batch in batches])
+        plans.append([(batch, _logprobs_no_grad(model, batch, temperature)) for batch in batches])
     mismatch = mismatch_metrics(
         [row for plan in plans for _, old in plan for row in old],
         [row for plan in plans for batch, _ in plan for row in batch.rollout_logprobs],
@@ -217,7 +221,7 @@ def rl_step(
     logprob_s = time.perf_counter() - started
     losses, norms, sums = [], [], LossSums()
     for plan in plans:
-        loss, norm, plan_sums = _update(model, optimizer, plan, settings)
+        loss, norm, plan_sums = _update(model, optimizer, plan, settings, temperature)
         losses.append(loss)
         norms.append(norm)
         sums = sums + plan_sums

@@ -119,11 +119,11 @@ def make_backend(cfg: Config, target: RunTarget, *, lr: float) -> TrainBackend:
     """`trainer.backend`: torch (here), or megatron-core (GPUs, under torchrun)."""
     model = load_model(target.base_dir)
     if cfg.trainer.backend == "torch":
-        return TorchBackend(model, cfg.trainer, lr=lr)
+        return TorchBackend(model, cfg.trainer, lr=lr, temperature=cfg.agent.temperature)
     from trainer.megatron_backend import MegatronBackend, MegatronUnavailable
 
     try:
-        return MegatronBackend(model, cfg.trainer, lr=lr)
+        return MegatronBackend(model, cfg.trainer, lr=lr, temperature=cfg.agent.temperature)
     except MegatronUnavailable as error:
         fail(str(error))
 
