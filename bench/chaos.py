@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import random
 import signal
@@ -75,7 +76,9 @@ CHAOS_DEFAULTS = (
     "topics.rollout_events_partitions=3",
     "topics.rollout_requests_partitions=3",
     "topics.trajectories_partitions=3",
-    "rollout.concurrency=16",
+    "rollout.concurrency=24",
+    "client.retries=6",  # 0.5 s doubling: about 30 s, an engine's restart
+    "sandbox.bwrap.server_grace_s=5.0",
     "trainer.checkpoint_every=2",
     "supervisor.backoff_s=0.5",
 )
@@ -109,6 +112,7 @@ def command(
     name = f"chaos-s{first.chaos.seed}-{uuid.uuid4().hex[:6]}"
     extra = [*CHAOS_DEFAULTS, *chaos_overrides(first, name), *user]
     cfg = read_config(config, extra)
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # a killed broker's retried errors
     config_args = [*(["--config", str(config)] if config else []), *[a for o in extra for a in ("--set", o)]]
     began = time.monotonic()
     try:
@@ -157,6 +161,7 @@ class Chaos:
     done: list[Kill] = field(default_factory=list)
     broker_back_at: float | None = None
     broker_restarted: bool = False
+    last_kill: float = 0.0
 
     def due(self, progress: float) -> list[Kill]:
         return [k for k in self.schedule if k.at <= progress and k not in self.done]
@@ -176,6 +181,7 @@ class Chaos:
             except ProcessLookupError:
                 return False
         self.done.append(kill)
+        self.last_kill = time.monotonic()
         console.print(
             f"[bold red]SIGKILL[/] {kill.target}"
             + (f" (node {self.broker})" if kill.target == "broker" else "")
@@ -223,8 +229,9 @@ async def _drive(cfg: Config, paths: LearningPaths, run: str, pipeline: Supervis
                     ledger.submitted += 1
                 await producer.flush()
                 await _take(consumer, run, ledger, live)
-                for kill in chaos.due(min(1.0, ledger.formed / total)):
-                    await chaos.fire(kill, pipeline)
+                due = chaos.due(min(1.0, ledger.formed / total))
+                if due and time.monotonic() - chaos.last_kill >= c.min_kill_gap_s:
+                    await chaos.fire(due[0], pipeline)
                 await chaos.restart_broker_when_due()
                 pipeline.check_alive()
                 kills = " ".join(k.target for k in chaos.done)

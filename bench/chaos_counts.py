@@ -46,6 +46,7 @@ class Finish:
 class Assembled:
     trajectory_id: str
     event_id: str
+    outcome: str
     reward: float | None
 
 
@@ -135,16 +136,30 @@ def count_trajectories(requested: Iterable[str], finishes: Sequence[Finish]) -> 
 def count_infra(
     finishes: Iterable[Finish], assembled: Iterable[Assembled], groups: Iterable[GroupRecord]
 ) -> InfraCounts:
-    finishes = list(finishes)
-    infra = {f.trajectory_id for f in finishes if f.outcome.startswith("infra_error")}
+    """Per trajectory id. Scored: an infra-error finish or assembled record with a reward, or a
+    group member whose assembled record is an infra error (or, without one, whose every
+    finish is). A trajectory finished twice, once scored and once as an infra error, is a
+    duplicate (`count_trajectories`), not a scored infra error, unless its group used the
+    infra copy."""
+    finishes, assembled = list(finishes), list(assembled)
+    infra = {f.trajectory_id for f in finishes if _is_infra(f.outcome)}
     injected = {f.trajectory_id for f in finishes if f.injected}
-    scored = {f.trajectory_id for f in finishes if f.trajectory_id in infra and f.reward is not None}
-    scored |= {a.trajectory_id for a in assembled if a.trajectory_id in infra and a.reward is not None}
-    scored |= {m for g in groups for m in g.members if m in infra}
+    only_infra = infra - {f.trajectory_id for f in finishes if not _is_infra(f.outcome)}
+    used = {a.trajectory_id: a for a in assembled}
+    scored = {f.trajectory_id for f in finishes if _is_infra(f.outcome) and f.reward is not None}
+    scored |= {a.trajectory_id for a in assembled if _is_infra(a.outcome) and a.reward is not None}
+    for member in (m for g in groups for m in g.members):
+        record = used.get(member)
+        if (record is not None and _is_infra(record.outcome)) or (record is None and member in only_infra):
+            scored.add(member)
     return InfraCounts(
         recorded=len(infra), injected=len(injected),
         injected_unrecorded=len(injected - infra), scored=len(scored),
     )  # fmt: skip
+
+
+def _is_infra(outcome: str) -> bool:
+    return outcome.startswith("infra_error")
 
 
 def _first_per_group(groups: Sequence[GroupRecord]) -> tuple[list[GroupRecord], int]:

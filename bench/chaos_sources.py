@@ -63,7 +63,7 @@ def _add(out: Records, event: Event) -> None:
     elif isinstance(data, TrajectoryFinished) and event.trajectory_id:
         out.finishes.append(Finish(event.trajectory_id, eid, str(data.outcome), data.reward, data.injected))
     elif isinstance(data, TrajectoryAssembled) and event.trajectory_id:
-        out.assembled.append(Assembled(event.trajectory_id, eid, data.reward))
+        out.assembled.append(Assembled(event.trajectory_id, eid, str(data.outcome), data.reward))
     elif isinstance(data, GroupFormed) and event.group_id:
         out.groups.append(GroupRecord(event.group_id, eid, tuple(data.members), data.dropped))
     elif isinstance(data, TrainerStep) and data.mode == "rl":

@@ -49,12 +49,22 @@ def test_infra_errors_scored_anywhere_are_counted_once_each() -> None:
         fin("kill", outcome="infra_error:engine", reward=None),
         fin("bad", outcome="infra_error:timeout", reward=0.0, injected=True),
     ]
-    clean = count_infra(finishes, [Assembled("ok", "t1", 1.0)], [GroupRecord("g", "e", ("ok",), None)])
+    clean = count_infra(
+        finishes, [Assembled("ok", "t1", "resolved", 1.0)], [GroupRecord("g", "e", ("ok",), None)]
+    )
     assert (clean.recorded, clean.injected, clean.injected_unrecorded, clean.scored) == (3, 2, 0, 1)
     leaked = count_infra(
-        finishes, [Assembled("kill", "t2", 0.0)], [GroupRecord("g", "e", ("ok", "inj", "bad"), None)]
+        finishes,
+        [Assembled("kill", "t2", "infra_error:engine", 0.0)],
+        [GroupRecord("g", "e", ("ok", "inj", "bad"), None)],
     )
     assert leaked.scored == 3
+    # finished twice (a re-run after a kill ended as an infra error): a duplicate, scored only when used
+    twice = [fin("d", "e1", "unresolved", 0.0), fin("d", "e2", "infra_error:network", None)]
+    member = [GroupRecord("g", "e", ("d",), None)]
+    assert count_infra(twice, [Assembled("d", "t", "unresolved", 0.0)], member).scored == 0
+    assert count_infra(twice, [Assembled("d", "t", "infra_error:network", None)], member).scored == 1
+    assert count_infra(twice, [], member).scored == 0
     unrecorded = count_infra([fin("u", injected=True)], [], [])
     assert unrecorded.injected_unrecorded == 1
 
