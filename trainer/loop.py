@@ -272,7 +272,9 @@ class RlTrainer:
         samples = [sample for _, group_samples in batch for sample in group_samples]
         staleness = batch_staleness(samples, self.state.version)
         self._phase("update", self.state.step + 1)
-        metrics = self.backend.rl_step(samples)
+        # in a worker thread: the loop keeps its heartbeat (a supervisor must not take a long step
+        # for a hang) and Kafka's group session; the consumers are paused meanwhile
+        metrics = await asyncio.to_thread(self.backend.rl_step, samples)
         self.state.step += 1
         self.state.version += 1
         self.state.offsets = {
