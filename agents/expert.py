@@ -22,6 +22,7 @@ import re
 
 from agents.chat import ChatFormat
 from agents.engine.protocol import EngineError, Generation, SamplingParams
+from agents.scripted import reply_generation
 from agents.settings import AgentSettings, ExpertSettings
 from sandboxes.tasks.family import KINDS, RUN_TESTS, BugKind, kind_of_line
 
@@ -69,21 +70,10 @@ class ExpertPolicy:
             raise EngineError("request", "empty input_ids")
         rng = random.Random(f"{self.settings.seed}|{rid}")  # rid: trajectory id and turn
         text = expert_reply(self.chat.decode(input_ids), rng, self.settings, self.submit_command)
-        ids = [*self.chat.encode(text), self.chat.im_end]
-        finish = "stop"
-        if len(ids) > params.max_new_tokens:
-            ids, finish = ids[: params.max_new_tokens], "length"
-        return Generation(
-            output_ids=tuple(ids),
-            output_logprobs=tuple(0.0 for _ in ids),
-            output_versions=tuple(self.weight_version for _ in ids),
-            finish_reason=finish,  # type: ignore[arg-type]
-            weight_version=self.weight_version,
+        return reply_generation(
+            self.chat, text, params, prompt_tokens=len(input_ids), weight_version=self.weight_version,
             engine_id="expert",
-            prompt_tokens=len(input_ids),
-            queue_wait_s=0.0,
-            latency_s=0.0,
-        )
+        )  # fmt: skip
 
     async def abort(self, rid: str) -> None:
         return None

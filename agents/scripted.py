@@ -37,21 +37,33 @@ class ScriptedPolicy:
         if not input_ids:
             raise EngineError("request", "empty input_ids")
         text = self.replies[min(index, len(self.replies) - 1)]
-        ids = [*self.chat.encode(text), self.chat.im_end]
-        finish = "stop"
-        if len(ids) > params.max_new_tokens:
-            ids, finish = ids[: params.max_new_tokens], "length"
-        return Generation(
-            output_ids=tuple(ids),
-            output_logprobs=tuple(0.0 for _ in ids),
-            output_versions=tuple(self.weight_version for _ in ids),
-            finish_reason=finish,  # type: ignore[arg-type]
-            weight_version=self.weight_version,
-            engine_id="scripted",
-            prompt_tokens=len(input_ids),
-            queue_wait_s=0.0,
-            latency_s=self.delay_s,
-        )
+        return reply_generation(
+            self.chat, text, params, prompt_tokens=len(input_ids), weight_version=self.weight_version,
+            engine_id="scripted", latency_s=self.delay_s,
+        )  # fmt: skip
 
     async def abort(self, rid: str) -> None:
         self.aborted.append(rid)
+
+
+def reply_generation(
+    chat: ChatFormat, text: str, params: SamplingParams, *, prompt_tokens: int, weight_version: int,
+    engine_id: str, latency_s: float = 0.0,
+) -> Generation:  # fmt: skip
+    """`text` as an engine's output: ids ending with `<|im_end|>`, cut at `max_new_tokens`
+    (finish `length`), logprobs 0.0, every token of `weight_version`."""
+    ids = [*chat.encode(text), chat.im_end]
+    finish = "stop"
+    if len(ids) > params.max_new_tokens:
+        ids, finish = ids[: params.max_new_tokens], "length"
+    return Generation(
+        output_ids=tuple(ids),
+        output_logprobs=tuple(0.0 for _ in ids),
+        output_versions=tuple(weight_version for _ in ids),
+        finish_reason=finish,  # type: ignore[arg-type]
+        weight_version=weight_version,
+        engine_id=engine_id,
+        prompt_tokens=prompt_tokens,
+        queue_wait_s=0.0,
+        latency_s=latency_s,
+    )
