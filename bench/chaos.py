@@ -41,8 +41,7 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agents.identity import group_id
-from agents.submit import TaskRef, limits_of, request_event, task_refs
+from agents.submit import task_refs
 from bench.chaos_counts import (
     Kill,
     count_infra,
@@ -58,7 +57,14 @@ from rollstream.commands.common import ConfigPath, Overrides, console, fail, rea
 from rollstream.config import Config
 from rollstream.launcher import kafka as kafka_launcher
 from rollstream.launcher.process import LauncherError
-from rollstream.learning import LEARNING_DEFAULTS, GroupLedger, LearningPaths, prepare, start_rl_processes
+from rollstream.learning import (
+    LEARNING_DEFAULTS,
+    GroupLedger,
+    LearningPaths,
+    prepare,
+    start_rl_processes,
+    submit_group,
+)
 from rollstream.supervisor import ProcessExitedError, State, Supervisor
 from streams.bus import EventConsumer, EventProducer
 from streams.payloads import TrajectoryFinished
@@ -225,7 +231,7 @@ async def _drive(cfg: Config, paths: LearningPaths, run: str, pipeline: Supervis
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the trainer did not finish within {c.run_timeout_s:.0f} s")
                 while ledger.unsettled < c.groups_ahead:
-                    await _submit_group(cfg, producer, run, refs, ledger.submitted)
+                    await submit_group(cfg, producer, run, refs, ledger.submitted, source="chaos")
                     ledger.submitted += 1
                 await producer.flush()
                 await _take(consumer, run, ledger, live)
@@ -298,16 +304,6 @@ async def _wait_for_sink(cfg: Config, run: str, finished: int, pipeline: Supervi
         pipeline.check_alive()
         await asyncio.sleep(3.0)
     console.print("[yellow]the sink did not catch up in time: SQL counts are partial[/]")
-
-
-async def _submit_group(cfg: Config, producer: EventProducer, run: str, refs: list[TaskRef], n: int) -> None:
-    task = refs[n % len(refs)]
-    group = group_id(run, task.task_id, n // len(refs))
-    size = cfg.policy.group_size
-    for attempt in range(size):
-        event = request_event(run_id=run, group=group, task=task, attempt=attempt, retry=0,
-                              group_size=size, limits=limits_of(cfg.policy), source="chaos")  # fmt: skip
-        await producer.send("rollout.requests", event)
 
 
 def summarise(topics: Records, sql: Records, loads: list[int], chaos: Chaos, restarts: dict[str, int],

@@ -225,7 +225,7 @@ async def feed_until_trained(cfg: Config, paths: LearningPaths, run_id: str, pip
     ):
         while not pipeline.done("trainer"):
             while ledger.unsettled < cfg.learning.rl_groups_ahead:
-                await _submit_group(cfg, producer, run_id, refs, ledger.submitted)
+                await submit_group(cfg, producer, run_id, refs, ledger.submitted)
                 ledger.submitted += 1
             await producer.flush()
             for item in await consumer.batch(timeout_ms=500):
@@ -270,15 +270,16 @@ class GroupLedger:
         return RlProgress(self.step, self.formed, self.submitted)
 
 
-async def _submit_group(
-    cfg: Config, producer: EventProducer, run_id: str, refs: list[TaskRef], n: int
+async def submit_group(
+    cfg: Config, producer: EventProducer, run_id: str, refs: list[TaskRef], n: int, source: str = "learning"
 ) -> None:
+    """The `n`-th group of the run: `group_size` requests for task `n mod len(refs)`."""
     task = refs[n % len(refs)]
     group = group_id(run_id, task.task_id, n // len(refs))
     size = cfg.policy.group_size
     for attempt in range(size):
         event = request_event(run_id=run_id, group=group, task=task, attempt=attempt, retry=0,
-                              group_size=size, limits=limits_of(cfg.policy), source="learning")  # fmt: skip
+                              group_size=size, limits=limits_of(cfg.policy), source=source)  # fmt: skip
         await producer.send("rollout.requests", event)
 
 
