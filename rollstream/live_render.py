@@ -26,6 +26,7 @@ _STATE_STYLE = {
     State.BACKOFF: "yellow",
     State.FAILED: "bold red",
     State.STOPPED: "dim",
+    State.DONE: "cyan",
 }
 
 

@@ -35,9 +35,15 @@ class LeakWatch:
         self.seen: dict[tuple[int, float], str] = {}  # (pid, create time) -> command line
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._before: set[tuple[int, float]] = set()
 
     def follow(self, root_pid: int) -> None:
-        """Sample `root_pid`'s descendants until `stop()`."""
+        """Sample `root_pid`'s descendants until `stop()`. Those it already has are not the
+        command's (following the test process itself: a session's podman service, say)."""
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(root_pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    self._before.add((child.pid, child.create_time()))
         self._thread = threading.Thread(target=self._sample, args=(root_pid,), daemon=True)
         self._thread.start()
 
@@ -60,7 +66,7 @@ class LeakWatch:
         for child in children:
             with contextlib.suppress(psutil.Error):
                 key = (child.pid, child.create_time())
-                if key not in self.seen:
+                if key not in self.seen and key not in self._before:
                     self.seen[key] = " ".join(child.cmdline())[:200]
 
     def descendants(self) -> list[str]:

@@ -97,10 +97,10 @@ def test_a_child_failing_past_max_restarts_is_given_up(kafka_config: Config, tmp
 def test_stop_ends_every_child_and_what_it_started(kafka_config: Config, tmp_path: Path) -> None:
     watch = LeakWatch()
     sup = Supervisor(tmp_path / "logs", child_args(kafka_config), FAST, env=watch.env)
+    watch.follow(os.getpid())  # before the children: what this process had already is not theirs
     with sup:
         sup.start("worker", ["worker"])
         sup.start("sink", ["sink"])
-        watch.follow(os.getpid())
         wait_for(lambda: beating(sup, "worker") and beating(sup, "sink"), "both heartbeats")
     watch.stop()
     assert len([c for c in watch.descendants() if "rollstream" in c]) >= 2
