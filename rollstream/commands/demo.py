@@ -50,9 +50,9 @@ from rollstream.supervisor import ProcessExitedError, Supervisor
 DEFAULT_STEPS = 8
 
 
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM reached the demo: stop everything and exit 130. A BaseException, as
-    KeyboardInterrupt is, so no `except Exception` on the way (a follower, a client) swallows it."""
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the demo: stop everything and exit 130. A KeyboardInterrupt, so no
+    `except Exception` swallows it and asyncio re-raises it out of the loop from any task."""
 
 
 def command(
