@@ -10,7 +10,6 @@ run id names its events; their `policy_version` is the version the engine served
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from agents.rollout import KafkaEventSink
 from agents.submit import limits_of
 from rollstream.commands.rollout import episode_services
 from rollstream.config import Config
+from rollstream.launcher.process import free_port
 from rollstream.pipeline import Pipeline
 from sandboxes.backends import make_factory
 from sandboxes.pool import SandboxPool
@@ -36,12 +36,6 @@ from trainer.tokenizer import load_tokenizer
 
 class EngineStartError(RuntimeError):
     """The eval's engine did not answer /health in time; the message points at its log."""
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def wait_for_engine(url: str, timeout_s: float, alive: Callable[[], None] = lambda: None) -> None:

@@ -27,7 +27,8 @@ from pathlib import Path
 from agents.identity import group_id
 from agents.submit import TaskRef, limits_of, request_event, run_requests, submit_requests, task_refs
 from rollstream.config import Config
-from rollstream.evaluation import free_port, wait_for_engine
+from rollstream.evaluation import wait_for_engine
+from rollstream.launcher.process import free_port
 from rollstream.run_progress import wait_for_groups
 from rollstream.supervisor import Supervisor
 from sandboxes.tasks.family import FAMILY_VERSION, write_family

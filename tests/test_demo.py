@@ -17,6 +17,7 @@ import psutil
 import pytest
 from sqlalchemy import create_engine, text
 
+from rollstream.launcher.process import free_port
 from tests.process_tree import LeakWatch
 
 SMALL = [
@@ -36,18 +37,10 @@ def demo_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def demo_command(state: Path, kafka_bootstrap: str, run: str, *extra: str) -> list[str]:
     settings = [
         *SMALL, f'run.name="{run}"', f'run.state_dir="{state}"', f'kafka.bootstrap="{kafka_bootstrap}"',
-        f'topics.prefix="t-{uuid.uuid4().hex[:8]}-"', f"monitor.port={_free_port()}", *extra,
+        f'topics.prefix="t-{uuid.uuid4().hex[:8]}-"', f"monitor.port={free_port()}", *extra,
     ]  # fmt: skip
     return [sys.executable, "-m", "rollstream", "demo", "--steps", "1", "--timeout", "600",
             *[a for s in settings for a in ("--set", s)]]  # fmt: skip
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _logs(state: Path, run: str) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -17,16 +16,11 @@ from aiokafka.errors import KafkaError
 
 from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
 from rollstream.config import Config
+from rollstream.launcher.process import free_port
 
 
 def monitor_dir(cfg: Config) -> Path:
     return Path(cfg.monitor.state_dir) if cfg.monitor.state_dir else cfg.state_dir / "monitor"
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _missing_topics(cfg: Config) -> list[str]:

@@ -151,6 +151,13 @@ def kill_now(pid: int) -> None:
     _wait_gone([pid], KILL_WAIT_S, every_s=0.05)
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port no one listens on now (the OS picks it; a later bind may still race another)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(1.0)

@@ -16,7 +16,6 @@ import json
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from sqlalchemy import text
 
 from bench.eventgen import group_events, random_attempts
 from rollstream.config import Config
+from rollstream.launcher.process import free_port
 from streams.app import StreamWorker
 from streams.bus import EventProducer
 from streams.events import Event
@@ -46,12 +46,6 @@ MONITOR = [
     "import typer; from rollstream.commands.monitor import command; typer.run(command)",
 ]
 PROMETHEUS = shutil.which("prometheus")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
@@ -74,7 +68,7 @@ def _poll(check: Callable[[], object], timeout_s: float, what: str) -> object:
 
 @pytest.fixture
 def monitor_port() -> int:
-    return _free_port()
+    return free_port()
 
 
 @pytest.fixture
@@ -82,7 +76,7 @@ def prometheus(tmp_path: Path, monitor_port: int) -> Iterator[str]:
     """A real Prometheus scraping 127.0.0.1:<monitor_port> every second; yields its base URL."""
     if PROMETHEUS is None:
         pytest.fail("prometheus is not installed: run scripts/setup_system.sh")
-    port = _free_port()
+    port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"

@@ -5,7 +5,6 @@ no process it started is left running (`tests.process_tree`)."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from rollstream.config import Config
+from rollstream.launcher.process import free_port
 from tests.process_tree import LeakWatch
 from tests.supervisor.test_supervisor import child_args, wait_for
 from trainer.checkpoint import init_model_dir
@@ -65,12 +65,6 @@ def test_up_gives_up_on_a_child_that_keeps_crashing_and_stops_the_rest(
     watch.assert_none_left()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_up_runs_every_process_type_and_sigint_stops_them_all(
     kafka_config: Config, default_tasks_dir: Path, tmp_path: Path
@@ -78,7 +72,7 @@ def test_up_runs_every_process_type_and_sigint_stops_them_all(
     model = init_model_dir(ModelSettings(), tmp_path / "model")
     run = f"up-{uuid.uuid4().hex[:6]}"
     tasks = default_tasks_dir.resolve()
-    sets = (f'model.path="{model}"', f'tasks.root="{tasks}"', f"engine.port={_free_port()}",
+    sets = (f'model.path="{model}"', f'tasks.root="{tasks}"', f"engine.port={free_port()}",
             "sandbox.pool.warm_pool=1", "supervisor.hung_after_s=120")  # fmt: skip
     proc, watch = start_up(kafka_config, tmp_path, "--run", run, sets=sets)
     logs = kafka_config.state_dir / "runs" / run / "logs"
