@@ -31,7 +31,8 @@ written before it started.
 Rebalances: before partitions move, finished requests are committed; episodes
 of partitions that moved to another worker stop (writing nothing more) and are
 re-run there; a request re-delivered to the worker already running or done
-with it is not started again.
+with it is not started again, nor is one whose trajectory finished on the log before
+the partition was taken over (`agents.finished_log`).
 
 Caveat: a re-run replays the episode with the same ids and per-turn seeds, but
 an engine whose batching is not bitwise deterministic can sample differently,
@@ -55,12 +56,15 @@ from aiokafka import ConsumerRebalanceListener, TopicPartition
 
 from agents.aborts import AbortFollower
 from agents.episode import Episode, EpisodeServices, EpisodeSpec
+from agents.event_sink import KafkaEventSink
+from agents.finished_log import finished_since
 from agents.offsets import OffsetTracker, Partition
 from agents.settings import RolloutSettings
 from agents.submit import TaskRef, request_event
 from sandboxes.tasks import Task, TaskFormatError, load_task
 from streams.bus import Consumed, EventConsumer, EventProducer, dead_letter
 from streams.events import Event, encode_event
+from streams.outcomes import Outcome
 from streams.payloads import RolloutRequested, TrajectoryFinished
 from streams.settings import KafkaSettings, PolicySettings, TopicSettings
 from streams.topics import short_name, topic_name
@@ -96,44 +100,6 @@ class TaskCatalog:
         return task
 
 
-class KafkaEventSink:
-    """Episode events to `rollout.events`. `emit` of a `trajectory.finished` returns once the
-    broker has acked it (events of one trajectory share a partition and are acked in order,
-    so the earlier ones are acked by then).
-
-    Acks are group-committed: one `flush` at a time, each covering every event sent before
-    it started, so a thousand episodes finishing together cost a few flushes, not a thousand
-    single-record batches queued on six partitions."""
-
-    def __init__(self, producer: EventProducer) -> None:
-        self.producer = producer
-        self.events = 0
-        self._sent = 0  # events enqueued so far
-        self._acked = 0  # events known acked (every one enqueued before the last flush began)
-        self._flushing = asyncio.Lock()
-
-    async def emit(self, event: Event) -> None:
-        await self.producer.send("rollout.events", event)
-        self.events += 1
-        self._sent += 1
-        if event.type == "trajectory.finished":
-            await self._wait_acked(self._sent)
-
-    async def send_acked(self, short_topic: str, event: Event) -> None:
-        """Any other record (a re-run request), returning once acked."""
-        await self.producer.send(short_topic, event)
-        self._sent += 1
-        await self._wait_acked(self._sent)
-
-    async def _wait_acked(self, position: int) -> None:
-        async with self._flushing:
-            if self._acked >= position:
-                return  # a flush that began after this event was sent has covered it
-            covered = self._sent
-            await self.producer.flush()
-            self._acked = covered
-
-
 @dataclass(frozen=True)
 class WorkerSettings:
     kafka: KafkaSettings
@@ -160,6 +126,10 @@ class RolloutWorker:
         self.episodes: dict[str, Episode] = {}
         self.outcomes: Counter[str] = Counter()
         self.retries_sent = 0
+        self.finished: dict[str, Outcome] = {}  # trajectory id -> outcome, here or read from the log
+        self.skipped_finished = 0  # requests not run again: their trajectory had finished
+        self._unchecked: set[Partition] = set()  # taken over, finished trajectories not read yet
+        self._owned: set[Partition] = set()
         self._partition_of: dict[asyncio.Task[None], Partition] = {}
         self._slot_freed = asyncio.Event()
         self.failure: BaseException | None = None
@@ -234,6 +204,7 @@ class RolloutWorker:
                     batch = await requests.batch(timeout_ms=poll_ms, max_records=free)
                 else:
                     batch = await self._wait_for_slot(requests, stopping)
+                await self._read_finished(batch)
                 for consumed in batch:
                     if stop.is_set():
                         break  # stopped during the poll: what it fetched stays uncommitted for the next owner
@@ -276,10 +247,28 @@ class RolloutWorker:
         requests.consumer.pause(*requests.consumer.assignment())
         return await requests.batch(timeout_ms=0, max_records=1)  # non-empty only after a rebalance
 
+    async def _read_finished(self, batch: list[Consumed]) -> None:
+        """The first requests of partitions taken over: learn which trajectories finished since the
+        oldest of them (`agents.finished_log`), so those are not run a second time."""
+        handed = [c for c in batch if (c.topic, c.partition) in self._unchecked]
+        if not handed:
+            return
+        self._unchecked -= {(c.topic, c.partition) for c in handed}
+        lookback_ns = int(self.settings.rollout.finished_lookback_s * 1e9)
+        since_ns = min(c.event.time_ns for c in handed) - lookback_ns
+        found = await finished_since(self.settings.kafka, self.settings.topics, max(since_ns, 0))
+        for trajectory_id, outcome in found.items():
+            self.finished.setdefault(trajectory_id, outcome)
+
     def _start(self, consumed: Consumed) -> None:
         partition = (consumed.topic, consumed.partition)
         self.offsets.started(partition, consumed.offset)
-        task = asyncio.create_task(self._handle(consumed), name=f"episode-{consumed.event.trajectory_id}")
+        tid = consumed.event.trajectory_id
+        if tid is not None and (tid in self.finished or tid in self.episodes):
+            work = self._after_finish_again(consumed, self.finished.get(tid))
+        else:
+            work = self._handle(consumed)
+        task = asyncio.create_task(work, name=f"episode-{tid}")
         self._partition_of[task] = partition
 
         def done(finished: asyncio.Task[None]) -> None:
@@ -312,11 +301,25 @@ class RolloutWorker:
             limits=request.limits,
         )  # fmt: skip
         finished = await self._run_episode(spec)
+        self.finished[spec.trajectory_id] = finished.outcome
         self.outcomes[finished.outcome.value] += 1
         if finished.outcome.is_infra_error and request.retry < self.settings.policy.infra_error_retries:
             await self._send_retry(event, request)
         if self.on_finished is not None:
             self.on_finished(spec, finished)
+
+    async def _after_finish_again(self, consumed: Consumed, outcome: Outcome | None) -> None:
+        """A request whose trajectory finished already (here, or on the log before a takeover) or
+        runs here now (outcome None): not run again; its infra re-run request is written again,
+        since the worker that finished it may have died before writing it (same event id)."""
+        event, request = consumed.event, consumed.event.data
+        self.skipped_finished += 1
+        log.info("%s finished already (%s): not run again", event.trajectory_id, outcome or "running here")
+        retry_left = (
+            isinstance(request, RolloutRequested) and request.retry < self.settings.policy.infra_error_retries
+        )
+        if outcome is not None and outcome.is_infra_error and retry_left:
+            await self._send_retry(event, request)
 
     async def _dead_letter(self, consumed: Consumed, reason: str) -> None:
         """A request no worker can serve goes to `deadletter` (acked before its offset is committed)."""
@@ -378,6 +381,8 @@ class RolloutWorker:
     def partitions_assigned(self, owned: set[Partition]) -> None:
         """After a rebalance: episodes of partitions now owned by another worker stop (writing
         nothing more); the new owner re-runs them from the committed offset."""
+        self._unchecked = (self._unchecked & owned) | (owned - self._owned)
+        self._owned = set(owned)
         lost = {p for p in self.offsets.partitions() | set(self._partition_of.values()) if p not in owned}
         for task, partition in list(self._partition_of.items()):
             if partition in lost:

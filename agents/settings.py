@@ -118,3 +118,9 @@ class RolloutSettings(Frozen):
         description="on SIGTERM, how long in-flight episodes may finish before the worker exits; fits the "
         "pipeline supervisor's 15 s TERM-to-KILL window with time left to commit and leave the group",
     )
+    finished_lookback_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="on taking over request partitions, read finished trajectories from this long before the "
+        "oldest request handed over (clock skew between machines), so a finished one is not run again",
+    )

@@ -19,7 +19,7 @@ import aiohttp
 from agents.chat import ChatFormat
 from agents.engine.client import EngineClient
 from agents.evaluate import AttemptResult, EvalResult, evaluate
-from agents.rollout import KafkaEventSink
+from agents.event_sink import KafkaEventSink
 from agents.submit import limits_of
 from rollstream.commands.rollout import episode_services
 from rollstream.config import Config

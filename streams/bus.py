@@ -264,14 +264,27 @@ async def read_topic_ids(
     return ids
 
 
+async def read_topic_since(
+    kafka: KafkaSettings, topics: TopicSettings, short: str, since_ms: int, *, marker: bytes = b"",
+    idle_s: float = 1.0,
+) -> list[Consumed]:  # fmt: skip
+    """Every decodable record of `short` written at or after `since_ms` (record timestamps, ms since
+    the epoch) up to its end as of the call; with `marker`, only records whose raw bytes contain it
+    (a cheap filter before decoding)."""
+    out: list[Consumed] = []
+    async for records in _read_whole(kafka, topics, short, idle_s, since_ms=since_ms):
+        out.extend(_decoded([r for r in records if marker in (r.value or b"")], short))
+    return out
+
+
 async def _read_whole(
-    kafka: KafkaSettings, topics: TopicSettings, short: str, idle_s: float
+    kafka: KafkaSettings, topics: TopicSettings, short: str, idle_s: float, *, since_ms: int | None = None
 ) -> AsyncIterator[list[ConsumerRecord[bytes, bytes]]]:
-    """Batches of `short`'s records from offset 0 until every partition reached its end as of the
-    call. `idle_s` is how long one fetch waits; the read gives up early only when nothing arrived
-    for the longer of `idle_s` and `kafka.request_timeout_ms` (a broker that stopped answering):
-    on a loaded machine one fetch can take longer than `idle_s`, and stopping then returned a
-    partial topic as if it were whole."""
+    """Batches of `short`'s records from offset 0 (or the first record at or after `since_ms`)
+    until every partition reached its end as of the call. `idle_s` is how long one fetch waits;
+    the read gives up early only when nothing arrived for the longer of `idle_s` and
+    `kafka.request_timeout_ms` (a broker that stopped answering): on a loaded machine one fetch
+    can take longer than `idle_s`, and stopping then returned a partial topic as if it were whole."""
     name = topic_name(topics, short)
     consumer = raw_consumer(kafka, [], None, f"read-{short}", True)
     await consumer.start()
@@ -279,8 +292,14 @@ async def _read_whole(
         partitions = consumer.partitions_for_topic(name) or await _partitions(consumer, name)
         tps = [TopicPartition(name, p) for p in sorted(partitions)]
         consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
+        if since_ms is None:
+            await consumer.seek_to_beginning(*tps)
+        else:
+            starts = await consumer.offsets_for_times({tp: since_ms for tp in tps})
+            for tp in tps:
+                found = starts.get(tp)
+                consumer.seek(tp, found.offset if found is not None else ends[tp])
         stall_s = max(idle_s, kafka.request_timeout_ms / 1000)
         last_progress = time.monotonic()
         while await behind(consumer, ends):

@@ -119,11 +119,11 @@ def episode_services(cfg: Config, policy: Policy, pool: SandboxPool, chat: ChatF
 
 def _table(worker: RolloutWorker) -> Table:
     table = Table(title=f"rollout worker {worker.name}")
-    for column in ("in flight", "finished", "events", "infra retries", "outcomes"):
+    for column in ("in flight", "finished", "finished before", "events", "infra retries", "outcomes"):
         table.add_column(column)
     outcomes = ", ".join(f"{k} {v}" for k, v in sorted(worker.outcomes.items())) or "-"
     finished = sum(worker.outcomes.values())
-    counts = (worker.in_flight, finished, worker.events_written, worker.retries_sent)
+    counts = (worker.in_flight, finished, worker.skipped_finished, worker.events_written, worker.retries_sent)
     table.add_row(*(str(n) for n in counts), outcomes)
     return table
 

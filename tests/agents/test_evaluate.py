@@ -12,8 +12,8 @@ import pytest
 
 from agents.chat import ChatFormat
 from agents.evaluate import AttemptResult, EvalInfraError, evaluate, pass_at_1
+from agents.event_sink import KafkaEventSink
 from agents.expert import ExpertPolicy
-from agents.rollout import KafkaEventSink
 from agents.submit import limits_of
 from rollstream.commands.rollout import episode_services
 from rollstream.config import Config

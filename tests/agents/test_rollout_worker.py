@@ -31,17 +31,20 @@ from pathlib import Path
 
 import httpx
 import pytest
+from aiokafka import TopicPartition
 
 from agents.identity import group_id
 from agents.settings import RolloutSettings
 from agents.submit import TaskRef, request_event, submit_requests
 from rollstream.config import Config
 from rollstream.pipeline import Pipeline
+from streams.aiokafka_private import refresh_metadata
 from streams.assemble import fold_trajectory
-from streams.bus import EventProducer, read_topic
+from streams.bus import EventProducer, raw_consumer, read_topic
 from streams.events import ROLLOUT_EVENT_TYPES, Event, decode_event, make_event
 from streams.outcomes import Outcome
 from streams.payloads import DeadLetterRecord, Limits, RolloutAbort
+from streams.topics import topic_name
 from trainer.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -166,7 +169,13 @@ def submit(
     group = group_id(run, task.task_id, group_index)
     events = [
         request_event(
-            run_id=run, group=group, task=task, attempt=a, retry=0, group_size=attempts, limits=limits,
+            run_id=run,
+            group=group,
+            task=task,
+            attempt=a,
+            retry=0,
+            group_size=attempts,
+            limits=limits,
             source="test",
         )
         for a in range(attempts)
@@ -200,6 +209,7 @@ def test_episodes_through_the_worker_process_and_kafka(
     worker = Worker(kafka_config, one_task_root, engine_url, model_dir, tmp_path / "worker.log",
                     "agent.max_format_errors=1000")  # fmt: skip
     try:
+
         def first_turn() -> bool:
             events = read_events(kafka_config)
             return any(e.trajectory_id == running and e.type == "turn.generated" for e in events)
@@ -437,3 +447,51 @@ def test_episodes_unfinished_at_the_drain_timeout_are_rerun_under_the_same_ids(
         finishing = {e.source for e in own if e.type == "trajectory.finished"}
         assert first_source not in finishing
         check_incarnations(own)
+
+
+def test_requests_finished_but_uncommitted_are_not_run_again_by_the_next_worker(
+    kafka_config: Config, one_task_root: Path, engine_url: str, model_dir: Path, tmp_path: Path
+) -> None:
+    """Killed after its episodes finished but before any commit: the next owner reads their
+    `trajectory.finished` from the log and does not run them a second time."""
+    task_dir = next(one_task_root.iterdir()).name
+    task = TaskRef(task_dir, task_dir)
+    limits = Limits(max_turns=2, max_new_tokens_per_turn=16, context_cap=4096)
+    done = set(submit(kafka_config, "run-f", task, 0, 3, limits))
+    log = tmp_path / "worker.log"
+    first = Worker(kafka_config, one_task_root, engine_url, model_dir, log, "rollout.commit_interval_s=3600")
+    try:
+        wait_until(lambda: done <= finished_ids(read_events(kafka_config)), "every episode to finish")
+    finally:
+        first.kill(signal.SIGKILL)  # nothing committed: every request is handed to the next worker
+    source = {e.source for e in read_events(kafka_config) if e.trajectory_id in done}
+    later = set(submit(kafka_config, "run-f", task, 1, 1, limits))
+    second = Worker(kafka_config, one_task_root, engine_url, model_dir, log)
+    try:
+        wait_until(lambda: later <= finished_ids(read_events(kafka_config)), "the later request to finish")
+        wait_until(lambda: committed(kafka_config) >= len(done) + len(later), "every request committed")
+    finally:
+        second.kill(signal.SIGTERM)
+    runs = by_trajectory(read_events(kafka_config))
+    for trajectory in done:
+        assert [e.type for e in runs[trajectory]].count("trajectory.finished") == 1, trajectory
+        assert {e.source for e in runs[trajectory]} == source, "run again by the second worker"
+    assert all(source.isdisjoint(e.source for e in runs[t]) for t in later)
+
+
+def committed(config: Config) -> int:
+    """Requests the rollout workers' consumer group has committed, over every partition."""
+
+    async def read() -> int:
+        consumer = raw_consumer(config.kafka, [], config.rollout.consumer_group, "test-committed", True)
+        await consumer.start()
+        try:
+            name = topic_name(config.topics, "rollout.requests")
+            await refresh_metadata(consumer)  # a fresh consumer knows no partitions yet
+            parts = consumer.partitions_for_topic(name) or set()
+            offsets = [await consumer.committed(TopicPartition(name, p)) for p in parts]
+            return sum(o or 0 for o in offsets)
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(read())
