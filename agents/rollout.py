@@ -303,7 +303,7 @@ class RolloutWorker:
         finished = await self._run_episode(spec)
         self.finished[spec.trajectory_id] = finished.outcome
         self.outcomes[finished.outcome.value] += 1
-        if finished.outcome.is_infra_error and request.retry < self.settings.policy.infra_error_retries:
+        if self._retries(finished.outcome, request):
             await self._send_retry(event, request)
         if self.on_finished is not None:
             self.on_finished(spec, finished)
@@ -315,11 +315,12 @@ class RolloutWorker:
         event, request = consumed.event, consumed.event.data
         self.skipped_finished += 1
         log.info("%s finished already (%s): not run again", event.trajectory_id, outcome or "running here")
-        retry_left = (
-            isinstance(request, RolloutRequested) and request.retry < self.settings.policy.infra_error_retries
-        )
-        if outcome is not None and outcome.is_infra_error and retry_left:
+        if outcome is not None and isinstance(request, RolloutRequested) and self._retries(outcome, request):
             await self._send_retry(event, request)
+
+    def _retries(self, outcome: Outcome, request: RolloutRequested) -> bool:
+        """Whether this outcome gets a re-run request: an infra error with retries left."""
+        return outcome.is_infra_error and request.retry < self.settings.policy.infra_error_retries
 
     async def _dead_letter(self, consumed: Consumed, reason: str) -> None:
         """A request no worker can serve goes to `deadletter` (acked before its offset is committed)."""
