@@ -19,7 +19,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-
 @app.callback()
 def main() -> None:
     """Asynchronous RL for software-engineering agents, event-sourced on Apache Kafka."""

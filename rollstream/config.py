@@ -202,3 +202,4 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None) ->
 
 def _deep_copy(tree: dict[str, Any]) -> dict[str, Any]:
     return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in tree.items()}
+

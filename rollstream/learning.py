@@ -50,11 +50,11 @@ LEARNING_DEFAULTS = (
     "rollout.concurrency=32",
     "sandbox.pool.warm_pool=4",
     "policy.max_staleness=2",
-    'policy.overlong="zero"',  # a truncated episode is a failure here (garbage, loops): train on it
+    "policy.overlong=\"zero\"",  # a truncated episode is a failure here (garbage, loops): train on it
     "agent.temperature=0.7",
     "trainer.lr=3e-4",
     "trainer.updates_per_step=4",
-    'trainer.loss_aggregation="seq_mean_token_mean"',
+    "trainer.loss_aggregation=\"seq_mean_token_mean\"",
     "trainer.sft_publish_every=1000000",
 )
 

@@ -77,7 +77,6 @@ ROLLOUT_EVENT_TYPES = (
 TYPE_OF: dict[type[Payload], str] = {cls: name for name, cls in PAYLOADS.items()}
 CURRENT_VERSIONS: dict[str, int] = {kind: payload.SCHEMA_VERSION for kind, payload in PAYLOADS.items()}
 
-
 # (type, version written) -> function turning that version's `data` dict into the next version's.
 def _trainer_step_v1(data: dict[str, Any]) -> dict[str, Any]:
     """v1 kept the time split as a free-form dict; v2 types it (unknown keys are dropped)."""
@@ -244,3 +243,4 @@ def _first_errors(error: ValidationError, limit: int = 3) -> str:
         parts.append(f"{where}: {item['msg']}")
     more = error.error_count() - limit
     return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+

@@ -130,16 +130,11 @@ async def generate(request: web.Request) -> web.Response:
     if body.get("stream"):
         return error_response(400, "streaming is not supported: send stream=false", "invalid_request")
     if body.get("text") is not None or not isinstance(input_ids, list) or not input_ids:
-        return error_response(
-            400,
-            "send one request as input_ids (a non-empty list of ints); text and "
-            "batched input are not supported",
-            "invalid_request",
-        )
+        return error_response(400, "send one request as input_ids (a non-empty list of ints); text and "
+                              "batched input are not supported", "invalid_request")
     if not all(isinstance(token, int) for token in input_ids):
-        return error_response(
-            400, "input_ids must be a list of ints (batched input is not supported)", "invalid_request"
-        )
+        return error_response(400, "input_ids must be a list of ints (batched input is not supported)",
+                              "invalid_request")
     try:
         params = parse_sampling(body.get("sampling_params") or {})
     except (TypeError, ValueError) as error:
@@ -209,11 +204,8 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
         return web.json_response({"success": False, "message": str(error), "num_paused_requests": 0})
     request.app[INFO_KEY].model_path = str(model_path)
     return web.json_response(
-        {
-            "success": True,
-            "message": f"Succeeded to update model weights (version {applied}).",
-            "num_paused_requests": 0,
-        }
+        {"success": True, "message": f"Succeeded to update model weights (version {applied}).",
+         "num_paused_requests": 0}
     )
 
 

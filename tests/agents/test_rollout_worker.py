@@ -169,13 +169,7 @@ def submit(
     group = group_id(run, task.task_id, group_index)
     events = [
         request_event(
-            run_id=run,
-            group=group,
-            task=task,
-            attempt=a,
-            retry=0,
-            group_size=attempts,
-            limits=limits,
+            run_id=run, group=group, task=task, attempt=a, retry=0, group_size=attempts, limits=limits,
             source="test",
         )
         for a in range(attempts)
@@ -209,7 +203,6 @@ def test_episodes_through_the_worker_process_and_kafka(
     worker = Worker(kafka_config, one_task_root, engine_url, model_dir, tmp_path / "worker.log",
                     "agent.max_format_errors=1000")  # fmt: skip
     try:
-
         def first_turn() -> bool:
             events = read_events(kafka_config)
             return any(e.trajectory_id == running and e.type == "turn.generated" for e in events)
