@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import random
 import socket
 import subprocess
 import time
@@ -17,6 +18,11 @@ from pathlib import Path
 import psutil
 
 KILL_WAIT_S = 10.0  # after SIGKILL the kernel frees a process at once; this only bounds a stuck exit
+# `free_port` picks from here to the start of the ephemeral range: above the default ports
+# of the broker (single and cluster), PostgreSQL and the monitor, skipping the engines'
+FREE_PORT_MIN = 20000
+RESERVED_PORTS = ((30000, 30100),)
+_RANDOM = random.SystemRandom()  # two processes picking at once should not walk the same sequence
 
 
 class LauncherError(RuntimeError):
@@ -152,10 +158,38 @@ def kill_now(pid: int) -> None:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port no one listens on now (the OS picks it; a later bind may still race another)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A port that no socket holds now, below the kernel's ephemeral range.
+
+    A port the OS picks with bind(0) is an ephemeral one, and until the server that is
+    handed it binds, any outgoing connection on the machine (a Kafka client's) may be
+    given the same local port, and that server then fails with EADDRINUSE (seen in CI
+    as a monitor that never served /metrics). Ports below the ephemeral range are never
+    handed out that way. Random, so that two processes picking at once rarely meet.
+    """
+    low = _ephemeral_low()
+    candidates = [p for p in range(FREE_PORT_MIN, low) if not any(a <= p < b for a, b in RESERVED_PORTS)]
+    for port in _RANDOM.sample(candidates, min(len(candidates), 200)):
+        if _bindable(host, port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a machine with no room below
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_low(range_file: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    try:
+        return int(range_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from rollstream.commands.kafka import app as kafka_app
 from rollstream.config import Config, load_config
 from rollstream.launcher import kafka, kafka_files
-from rollstream.launcher.process import LauncherError, clear_stale, live_pid
+from rollstream.launcher.process import FREE_PORT_MIN, LauncherError, clear_stale, free_port, live_pid
 
 
 def test_up_on_a_running_broker_is_harmless(kafka_bootstrap: str, base_config: Config) -> None:
@@ -94,3 +94,14 @@ def test_cluster_ids_never_look_like_options() -> None:
     assert len(ids) == 3000
     assert not any(cid.startswith("-") for cid in ids)
     assert all(len(cid) == 22 for cid in ids)
+
+
+def test_free_ports_lie_below_the_ephemeral_range_and_are_bindable() -> None:
+    """An ephemeral port can be handed to any outgoing connection before our server binds it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(50)}
+    assert len(ports) > 40, "picks are random, not one port walked from a fixed start"
+    for port in ports:
+        assert FREE_PORT_MIN <= port < low and not 30000 <= port < 30100
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # raises if the port were taken

@@ -32,7 +32,7 @@ from sqlalchemy import text
 
 from bench.eventgen import group_events, random_attempts
 from rollstream.config import Config
-from rollstream.launcher.process import free_port
+from rollstream.launcher.process import free_port, log_tail
 from streams.app import StreamWorker
 from streams.bus import EventProducer
 from streams.events import Event
@@ -58,10 +58,11 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
         return 0, ""
 
 
-def _poll(check: Callable[[], object], timeout_s: float, what: str) -> object:
+def _poll(check: Callable[[], object], timeout_s: float, what: str | Callable[[], str]) -> object:
     deadline = time.monotonic() + timeout_s
     while not (result := check()):
-        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what() if callable(what) else what}")
         time.sleep(0.5)
     return result
 
@@ -153,13 +154,22 @@ def _injected(outcomes: Counter[str]) -> dict[str, float]:
     return {k.partition(":")[2]: float(v) for k, v in outcomes.items() if k.startswith("infra_error:")}
 
 
-def _agrees(prometheus: str, outcomes: Counter[str]) -> bool:
+def _agrees(prometheus: str, outcomes: Counter[str], monitor: subprocess.Popen[bytes], log: Path) -> bool:
     """Totals, the hopping window and the sandbox failures (another topic) all caught up."""
+    assert monitor.poll() is None, f"the monitor exited with {monitor.returncode}:\n{log_tail(log)}"
     total = _by(prometheus, "sum(rollstream_trajectories_total)", "")
     window = _by(prometheus, 'sum(rollstream_window_trajectories{window="hopping_600s"})', "")
     failures = _by(prometheus, "sum by (kind) (rollstream_sandbox_failures_total)", "kind")
+    _last_seen.update(total=total, window=window, failures=failures)
     want = float(sum(outcomes.values()))
     return total.get("") == want and window.get("") == want and failures == _injected(outcomes)
+
+
+_last_seen: dict[str, dict[str, float]] = {}  # what prometheus last said, for a timeout's message
+
+
+def _disagreement(outcomes: Counter[str], log: Path) -> str:
+    return f"prometheus to report {dict(outcomes)}; it last said {_last_seen}; monitor log:\n{log_tail(log)}"
 
 
 async def _committed(config: Config, short: str) -> int:
@@ -196,7 +206,7 @@ def test_prometheus_sees_what_sql_holds_across_a_monitor_sigkill(
         outcomes = _sql_outcomes(config)
         injected = _injected(outcomes)
         assert injected, "the batch must contain injected infra errors"
-        _poll(lambda: _agrees(prometheus, outcomes), 90, f"prometheus to report {outcomes} ({log})")
+        _poll(lambda: _agrees(prometheus, outcomes, monitor, log), 90, lambda: _disagreement(outcomes, log))
         by_outcome = _by(prometheus, "rollstream_trajectories_total", "outcome")
         assert by_outcome == {k: float(v) for k, v in outcomes.items()}
         assert _by(prometheus, "rollstream_infra_errors_total", "kind") == injected
@@ -215,7 +225,7 @@ def test_prometheus_sees_what_sql_holds_across_a_monitor_sigkill(
         monitor = _start_monitor(config, monitor_port, log)
         asyncio.run(_through_pipeline(config, _batch(2, 6), 6))
         outcomes = _sql_outcomes(config)
-        _poll(lambda: _agrees(prometheus, outcomes), 120, f"prometheus: {outcomes} after SIGKILL ({log})")
+        _poll(lambda: _agrees(prometheus, outcomes, monitor, log), 120, lambda: _disagreement(outcomes, log))
         resets = _by(prometheus, "resets(rollstream_trajectories_total[10m])", "outcome")
         assert resets and set(resets.values()) == {0.0}
         monitor.send_signal(signal.SIGTERM)
