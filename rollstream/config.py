@@ -82,9 +82,9 @@ class LearningSettings(Frozen):
     """Base -> SFT -> RL on the learning task family (`rollstream bench learning`, the demo)."""
 
     seed: int = Field(default=0, description="tasks, base model init and the expert's choices")
-    train_tasks: int = Field(default=64, ge=1, description="tasks of the train split (expert, RL)")
+    train_tasks: int = Field(default=128, ge=1, description="tasks of the train split (expert, RL)")
     heldout_tasks: int = Field(default=32, ge=1, description="tasks of the held-out split (evaluation only)")
-    expert_groups_per_task: int = Field(default=2, ge=1, description="expert groups per train task (SFT)")
+    expert_groups_per_task: int = Field(default=1, ge=1, description="expert groups per train task (SFT)")
     sft_epochs: int = Field(default=4, ge=1)
     rl_steps: int = Field(default=40, ge=1, description="trainer steps of the RL phase (bench learning)")
     rl_groups_ahead: int = Field(

@@ -2,7 +2,8 @@
 
 `rollstream tasks family --split train|heldout --n N --seed S --out DIR` writes N Harbor
 tasks, deterministically from the seed. Each task's workspace is one library `lib.py`
-(a module of `sandboxes.tasks.family_modules`, its functions in a seeded order), its
+(a module of `sandboxes.tasks.family_modules`, its functions in a seeded order and renamed
+afresh for each task by `sandboxes.tasks.family_names`), its
 tests (`tests/test_lib.py`, data-driven cases) and a test runner `run_tests.py` that
 prints each failing case with the line of `lib.py` that produced the wrong value. One
 function carries one bug of a `BugKind`; the fix is that kind's one `sed` command, so
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxes.tasks.family_modules import SPLITS, Function, Module
+from sandboxes.tasks.family_names import renamed
 from sandboxes.tasks.family_runner import RUNNER_SOURCE, TEST_SH
 from sandboxes.tasks.harbor import REPO_DIR, Task, TaskMetadata, write_task_files
 
@@ -39,7 +41,7 @@ INSTRUCTION = (
     "`lib.py` has a bug: some of its tests fail.\n\n"
     f"Run the tests with `{RUN_TESTS}`, fix the bug in `lib.py` (do not edit the tests), and submit."
 )
-FAMILY_VERSION = 2  # bump when generated tasks change, so kept task sets are rebuilt
+FAMILY_VERSION = 3  # bump when generated tasks change, so kept task sets are rebuilt
 
 
 class FamilyError(ValueError):
@@ -183,9 +185,9 @@ def family_tasks(split: str, n: int, seed: int) -> list[FamilyTask]:
         module, function = pool[(index // len(KINDS)) % len(pool)]
         order = list(module.functions)
         rng.shuffle(order)
-        tasks.append(
-            _task(f"{split}-{index:04d}-{module.name}-{function.name}", module, order, function, kind)
-        )
+        named = renamed(order, split, rng)
+        buggy = named[order.index(function)]
+        tasks.append(_task(f"{split}-{index:04d}-{module.name}-{buggy.name}", module, named, buggy, kind))
     return tasks
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -52,6 +53,24 @@ def test_heldout_modules_are_disjoint_from_train() -> None:
     heldout = {m.name for m in SPLITS["heldout"]} | {f.name for m in SPLITS["heldout"] for f in m.functions}
     assert not train & heldout
     assert {t.module for t in family_tasks("heldout", 32, 0)} <= {m.name for m in SPLITS["heldout"]}
+
+
+
+def _identifiers(lib: str) -> set[str]:
+    """Function and parameter names defined in a library's source."""
+    found = re.findall(r"def (\w+)\((.*)\)", lib)
+    return {name for function, params in found for name in (function, *params.split(", "))}
+
+
+def test_every_task_renames_its_identifiers_from_its_own_split_pool() -> None:
+    """Names cannot tell tasks apart across splits, nor stand in for reading the test output."""
+    train, heldout = family_tasks("train", 96, 2), family_tasks("heldout", 32, 2)
+    train_names = set().union(*(_identifiers(t.lib) for t in train))
+    heldout_names = set().union(*(_identifiers(t.lib) for t in heldout))
+    assert not train_names & heldout_names
+    assert len({t.function for t in train}) > 80  # 96 tasks of 60 functions: fresh names, not one each
+    originals = {f.name for m in SPLITS["train"] for f in m.functions}
+    assert not train_names & originals
 
 
 def test_bad_requests_say_what_to_change() -> None:
