@@ -41,6 +41,7 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from agents.curriculum import TaskPicker
 from agents.submit import task_refs
 from bench.chaos_counts import (
     Kill,
@@ -63,7 +64,7 @@ from rollstream.learning import (
     LearningPaths,
     prepare,
     start_rl_processes,
-    submit_group,
+    submit_next_group,
 )
 from rollstream.supervisor import ProcessExitedError, State, Supervisor
 from streams.bus import EventConsumer, EventProducer
@@ -218,6 +219,7 @@ class Live:
 async def _drive(cfg: Config, paths: LearningPaths, run: str, pipeline: Supervisor, chaos: Chaos) -> Live:
     """Request groups until the trainer's last step, killing on schedule; then drain."""
     c, refs, ledger, live = cfg.chaos, task_refs(paths.train_tasks), GroupLedger(), Live()
+    picker = TaskPicker(len(refs), retire_solved=False)  # every task in turn: the counts, not learning
     total = c.rl_steps * c.groups_per_step
     shorts = ("groups", "trainer.steps", "rollout.requests", "rollout.events")
     deadline = time.monotonic() + c.run_timeout_s
@@ -231,7 +233,7 @@ async def _drive(cfg: Config, paths: LearningPaths, run: str, pipeline: Supervis
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"the trainer did not finish within {c.run_timeout_s:.0f} s")
                 while ledger.unsettled < c.groups_ahead:
-                    await submit_group(cfg, producer, run, refs, ledger.submitted, source="chaos")
+                    await submit_next_group(cfg, producer, run, refs, picker, source="chaos")
                     ledger.submitted += 1
                 await producer.flush()
                 await _take(consumer, run, ledger, live)

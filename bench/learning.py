@@ -106,7 +106,8 @@ def _run(cfg: Config, paths: LearningPaths, config_args: list[str], run: str) ->
     return {
         "base_pass1": round(base.pass1, 4), "sft_pass1": round(sft.pass1, 4), "rl_pass1": round(rl.pass1, 4),
         "rl_steps": progress.step, "seed": cfg.learning.seed, "heldout_tasks": sft.tasks,
-        "attempts": sft.attempts, "rl_groups": progress.groups_formed, **timings,
+        "attempts": sft.attempts, "rl_groups": progress.groups_formed,
+        "rl_tasks_solved": progress.tasks_solved, **timings,
     }  # fmt: skip
 
 
@@ -119,6 +120,7 @@ def asyncio_run_feed(cfg: Config, paths: LearningPaths, run_id: str, pipeline: S
         if progress.step != last[0]:
             last[0] = progress.step
             console.print(f"RL step {progress.step}: {progress.groups_formed} groups formed, "
-                          f"{progress.groups_submitted} submitted")  # fmt: skip
+                          f"{progress.groups_submitted} submitted, "
+                          f"{progress.tasks_solved} tasks solved")  # fmt: skip
 
     return asyncio.run(feed_until_trained(cfg, paths, run_id, pipeline, show))

@@ -87,6 +87,9 @@ class LearningSettings(Frozen):
     expert_groups_per_task: int = Field(default=1, ge=1, description="expert groups per train task (SFT)")
     sft_epochs: int = Field(default=4, ge=1)
     rl_steps: int = Field(default=40, ge=1, description="trainer steps of the RL phase (bench learning)")
+    retire_solved_tasks: bool = Field(
+        default=True, description="RL asks no more for a train task one group solved in every attempt"
+    )
     rl_groups_ahead: int = Field(
         default=12, ge=1, description="groups requested beyond those formed (bounds staleness and waste)"
     )

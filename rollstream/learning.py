@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agents.curriculum import TaskPicker
 from agents.identity import group_id
 from agents.submit import TaskRef, limits_of, request_event, run_requests, submit_requests, task_refs
 from rollstream.config import Config
@@ -190,6 +191,7 @@ class RlProgress:
     step: int
     groups_formed: int
     groups_submitted: int
+    tasks_solved: int = 0  # train tasks retired by the curriculum
 
 
 ProgressFn = Callable[[RlProgress], None]
@@ -216,9 +218,10 @@ def start_rl_processes(cfg: Config, paths: LearningPaths, run_id: str, start_mod
 async def feed_until_trained(cfg: Config, paths: LearningPaths, run_id: str, pipeline: Supervisor,
                              on_progress: ProgressFn | None = None) -> RlProgress:  # fmt: skip
     """Submit groups of train tasks until the trainer exits, keeping at most `rl_groups_ahead` groups
-    unsettled (requested but neither trained on nor dropped), so no work waits long enough to go stale."""
+    unsettled (requested but neither trained on nor dropped), so no work waits long enough to go stale.
+    Tasks come from `TaskPicker` (solved ones retired when `learning.retire_solved_tasks`)."""
     refs = task_refs(paths.train_tasks)
-    ledger = GroupLedger()
+    ledger, picker = GroupLedger(), TaskPicker(len(refs), cfg.learning.retire_solved_tasks)
     shorts = ("groups", "trainer.steps")
     async with (
         EventProducer(cfg.kafka, cfg.topics) as producer,
@@ -226,16 +229,18 @@ async def feed_until_trained(cfg: Config, paths: LearningPaths, run_id: str, pip
     ):
         while not pipeline.done("trainer"):
             while ledger.unsettled < cfg.learning.rl_groups_ahead:
-                await submit_group(cfg, producer, run_id, refs, ledger.submitted)
+                await submit_next_group(cfg, producer, run_id, refs, picker)
                 ledger.submitted += 1
             await producer.flush()
             for item in await consumer.batch(timeout_ms=500):
                 if item.event.run_id == run_id:
                     ledger.record(item.event.data)
+                    if isinstance(item.event.data, GroupFormed):
+                        picker.observe(item.event.group_id or "", item.event.data)
             pipeline.check_alive()
             if on_progress is not None:
-                on_progress(ledger.progress())
-    return ledger.progress()
+                on_progress(ledger.progress(len(picker.solved)))
+    return ledger.progress(len(picker.solved))
 
 
 @dataclass
@@ -267,21 +272,22 @@ class GroupLedger:
         own_stale = max(0, self.trainer_stale - self.dropped_stale)
         return self.submitted - self.dropped - own_stale - self.trained
 
-    def progress(self) -> RlProgress:
-        return RlProgress(self.step, self.formed, self.submitted)
+    def progress(self, tasks_solved: int = 0) -> RlProgress:
+        return RlProgress(self.step, self.formed, self.submitted, tasks_solved)
 
 
-async def submit_group(
-    cfg: Config, producer: EventProducer, run_id: str, refs: list[TaskRef], n: int, source: str = "learning"
-) -> None:
-    """The `n`-th group of the run: `group_size` requests for task `n mod len(refs)`."""
-    task = refs[n % len(refs)]
-    group = group_id(run_id, task.task_id, n // len(refs))
+async def submit_next_group(cfg: Config, producer: EventProducer, run_id: str, refs: list[TaskRef],
+                            picker: TaskPicker, source: str = "learning") -> str:  # fmt: skip
+    """`group_size` requests for the task `picker` chooses; the group's id."""
+    task, index = picker.next()
+    group = group_id(run_id, refs[task].task_id, index)
+    picker.requested(group, task)
     size = cfg.policy.group_size
     for attempt in range(size):
-        event = request_event(run_id=run_id, group=group, task=task, attempt=attempt, retry=0,
+        event = request_event(run_id=run_id, group=group, task=refs[task], attempt=attempt, retry=0,
                               group_size=size, limits=limits_of(cfg.policy), source=source)  # fmt: skip
         await producer.send("rollout.requests", event)
+    return group
 
 
 def model_version(model_dir: Path) -> int:
