@@ -86,7 +86,7 @@ class LearningSettings(Frozen):
     heldout_tasks: int = Field(default=32, ge=1, description="tasks of the held-out split (evaluation only)")
     expert_groups_per_task: int = Field(default=1, ge=1, description="expert groups per train task (SFT)")
     sft_epochs: int = Field(default=4, ge=1)
-    rl_steps: int = Field(default=40, ge=1, description="trainer steps of the RL phase (bench learning)")
+    rl_steps: int = Field(default=50, ge=1, description="trainer steps of the RL phase (bench learning)")
     retire_solved_tasks: bool = Field(
         default=True, description="RL asks no more for a train task one group solved in every attempt"
     )
