@@ -58,7 +58,11 @@ class LeakWatch:
             self._stop.wait(self.every_s)
 
     def record(self, root_pid: int) -> None:
-        """Add `root_pid`'s current descendants to `seen`."""
+        """Add `root_pid`'s current descendants to `seen`, with the command line each has now.
+
+        A child first sampled between fork and exec still shows its parent's command line,
+        and exec keeps the pid and create time: so every sample rewrites it (CI once saw a
+        supervised sink only as a copy of pytest)."""
         try:
             children = psutil.Process(root_pid).children(recursive=True)
         except psutil.Error:
@@ -66,7 +70,7 @@ class LeakWatch:
         for child in children:
             with contextlib.suppress(psutil.Error):
                 key = (child.pid, child.create_time())
-                if key not in self.seen and key not in self._before:
+                if key not in self._before:
                     self.seen[key] = " ".join(child.cmdline())[:200]
 
     def descendants(self) -> list[str]:
