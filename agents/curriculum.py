@@ -31,14 +31,14 @@ class TaskPicker:
 
     tasks: int
     retire_solved: bool = True
-    asked: list[int] = field(default_factory=list)  # groups requested so far, per task
-    solved: set[int] = field(default_factory=set)
-    task_of_group: dict[str, int] = field(default_factory=dict)
+    asked: list[int] = field(init=False)  # groups requested so far, per task
+    solved: set[int] = field(init=False, default_factory=set)
+    task_of_group: dict[str, int] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.tasks < 1:
             raise ValueError(f"a curriculum needs at least one task, got {self.tasks}")
-        self.asked = self.asked or [0] * self.tasks
+        self.asked = [0] * self.tasks
 
     def next(self) -> tuple[int, int]:
         """(task index, that task's group index) of the next group: the least-asked open task."""

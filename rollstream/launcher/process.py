@@ -162,8 +162,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
     A port the OS picks with bind(0) is an ephemeral one, and until the server that is
     handed it binds, any outgoing connection on the machine (a Kafka client's) may be
-    given the same local port, and that server then fails with EADDRINUSE (seen in CI
-    as a monitor that never served /metrics). Ports below the ephemeral range are never
+    given the same local port, and that server then fails with EADDRINUSE (the likely
+    cause of a CI run whose monitor never served /metrics). Ports below the ephemeral range are never
     handed out that way. Random, so that two processes picking at once rarely meet.
     """
     low = _ephemeral_low()

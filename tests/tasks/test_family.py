@@ -55,7 +55,6 @@ def test_heldout_modules_are_disjoint_from_train() -> None:
     assert {t.module for t in family_tasks("heldout", 32, 0)} <= {m.name for m in SPLITS["heldout"]}
 
 
-
 def _identifiers(lib: str) -> set[str]:
     """Function and parameter names defined in a library's source."""
     found = re.findall(r"def (\w+)\((.*)\)", lib)
