@@ -47,7 +47,7 @@ from rollstream.run_progress import wait_for_sink
 from rollstream.run_summary import summarise_run
 from rollstream.supervisor import ProcessExitedError, Supervisor
 
-DEFAULT_STEPS = 16  # ~5-8 min of RL on 2 cores: make run ends within ~15 min after set-up
+DEFAULT_STEPS = 16  # ~6 min of RL on 2 cores: make run took 12 min on a fresh clone (README)
 
 
 class Interrupted(KeyboardInterrupt):
