@@ -88,7 +88,11 @@ class LearningSettings(Frozen):
     sft_epochs: int = Field(default=4, ge=1)
     rl_steps: int = Field(default=50, ge=1, description="trainer steps of the RL phase (bench learning)")
     retire_solved_tasks: bool = Field(
-        default=True, description="RL asks no more for a train task one group solved in every attempt"
+        default=True, description="a train task one group solved in every attempt sits out of RL's feed"
+    )
+    retired_return_rounds: int = Field(
+        default=0, ge=0, description="rounds of the train split a solved task sits out, doubled each "
+        "further time it is solved; 0: for good (1 on seed 2 cost 64% more groups and gained nothing)",
     )
     rl_groups_ahead: int = Field(
         default=12, ge=1, description="groups requested beyond those formed (bounds staleness and waste)"

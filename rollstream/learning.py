@@ -219,9 +219,12 @@ async def feed_until_trained(cfg: Config, paths: LearningPaths, run_id: str, pip
                              on_progress: ProgressFn | None = None) -> RlProgress:  # fmt: skip
     """Submit groups of train tasks until the trainer exits, keeping at most `rl_groups_ahead` groups
     unsettled (requested but neither trained on nor dropped), so no work waits long enough to go stale.
-    Tasks come from `TaskPicker` (solved ones retired when `learning.retire_solved_tasks`)."""
+    Tasks come from `TaskPicker` (solved ones sitting out: `learning.retire_solved_tasks`,
+    `learning.retired_return_rounds`)."""
     refs = task_refs(paths.train_tasks)
-    ledger, picker = GroupLedger(), TaskPicker(len(refs), cfg.learning.retire_solved_tasks)
+    learning = cfg.learning
+    ledger = GroupLedger()
+    picker = TaskPicker(len(refs), learning.retire_solved_tasks, learning.retired_return_rounds)
     shorts = ("groups", "trainer.steps")
     async with (
         EventProducer(cfg.kafka, cfg.topics) as producer,

@@ -59,3 +59,17 @@ def test_only_groups_dropped_for_zero_variance_with_rewards_count_as_solved() ->
     assert not picker.solved
     with pytest.raises(ValueError, match="at least one task"):
         TaskPicker(0)
+
+
+def test_with_return_rounds_a_solved_task_comes_back_and_sits_out_twice_as_long_when_solved_again() -> None:
+    picker = TaskPicker(3, return_rounds=1)
+    _ask(picker, 3)
+    picker.observe("g0-0", _group([1.0] * 4, "zero_variance"))  # back after 3 more groups
+    assert [task for task, _ in _ask(picker, 3)] == [1, 2, 1]
+    assert _ask(picker, 1) == [(0, 1)]  # it returns with its own next group index
+    picker.observe("g0-1", _group([1.0] * 4, "zero_variance"))  # solved again: out for 6 groups
+    assert [task for task, _ in _ask(picker, 6)] == [2, 1, 2, 1, 2, 1]
+    assert _ask(picker, 1) == [(0, 2)]
+    assert picker.solved == {0} and picker.times_solved == {0: 2}
+    with pytest.raises(ValueError, match="return_rounds"):
+        TaskPicker(2, return_rounds=-1)
