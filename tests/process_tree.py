@@ -62,7 +62,9 @@ class LeakWatch:
 
         A child first sampled between fork and exec still shows its parent's command line,
         and exec keeps the pid and create time: so every sample rewrites it (CI once saw a
-        supervised sink only as a copy of pytest)."""
+        supervised sink only as a copy of pytest), except with an empty one: a process that is
+        exiting has released its memory, and with it the command line psutil reads, before it
+        is a zombie (CI later saw the sink missing again; this window is the likely cause)."""
         try:
             children = psutil.Process(root_pid).children(recursive=True)
         except psutil.Error:
@@ -70,8 +72,9 @@ class LeakWatch:
         for child in children:
             with contextlib.suppress(psutil.Error):
                 key = (child.pid, child.create_time())
-                if key not in self._before:
-                    self.seen[key] = " ".join(child.cmdline())[:200]
+                cmdline = " ".join(child.cmdline())[:200]
+                if key not in self._before and (cmdline or key not in self.seen):
+                    self.seen[key] = cmdline
 
     def descendants(self) -> list[str]:
         return list(self.seen.values())
