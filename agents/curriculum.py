@@ -43,8 +43,7 @@ class TaskPicker:
     retire_solved: bool = True
     return_rounds: int = 0
     asked: list[int] = field(init=False)  # groups requested so far, per task
-    solved: set[int] = field(init=False, default_factory=set)  # tasks solved at least once
-    times_solved: dict[int, int] = field(init=False, default_factory=dict)
+    times_solved: dict[int, int] = field(init=False, default_factory=dict)  # per task solved at least once
     back_at: dict[int, int] = field(init=False, default_factory=dict)  # groups requested when it returns
     task_of_group: dict[str, int] = field(init=False, default_factory=dict)
 
@@ -56,21 +55,23 @@ class TaskPicker:
         self.asked = [0] * self.tasks
 
     @property
-    def requested_total(self) -> int:
-        return sum(self.asked)
-
-    def sitting_out(self, task: int) -> bool:
-        if task not in self.times_solved:
-            return False
-        return self.return_rounds == 0 or self.requested_total < self.back_at[task]
+    def solved(self) -> set[int]:
+        """Tasks a group solved in every attempt at least once."""
+        return set(self.times_solved)
 
     def next(self) -> tuple[int, int]:
         """(task index, that task's group index) of the next group: the least-asked open task."""
-        open_tasks = [t for t in range(self.tasks) if not self.sitting_out(t)] or list(range(self.tasks))
+        total = sum(self.asked)
+        open_tasks = [t for t in range(self.tasks) if not self._sits_out(t, total)] or list(range(self.tasks))
         task = min(open_tasks, key=lambda t: (self.asked[t], t))
         index = self.asked[task]
         self.asked[task] += 1
         return task, index
+
+    def _sits_out(self, task: int, requested_total: int) -> bool:
+        if task not in self.times_solved:
+            return False
+        return self.return_rounds == 0 or requested_total < self.back_at[task]
 
     def requested(self, group_id: str, task: int) -> None:
         self.task_of_group[group_id] = task
@@ -79,7 +80,6 @@ class TaskPicker:
         """A formed group of this run: its task sits out when every attempt solved it."""
         task = self.task_of_group.get(group_id)
         if self.retire_solved and task is not None and solved_by_every_attempt(group):
-            self.solved.add(task)
             times = self.times_solved.get(task, 0) + 1
             self.times_solved[task] = times
-            self.back_at[task] = self.requested_total + self.return_rounds * self.tasks * 2 ** (times - 1)
+            self.back_at[task] = sum(self.asked) + self.return_rounds * self.tasks * 2 ** (times - 1)
