@@ -72,8 +72,10 @@ class LeakWatch:
         for child in children:
             with contextlib.suppress(psutil.Error):
                 key = (child.pid, child.create_time())
+                if key in self._before:
+                    continue
                 cmdline = " ".join(child.cmdline())[:200]
-                if key not in self._before and (cmdline or key not in self.seen):
+                if cmdline or key not in self.seen:
                     self.seen[key] = cmdline
 
     def descendants(self) -> list[str]:
