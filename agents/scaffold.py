@@ -24,8 +24,8 @@ Each reply must contain a short THOUGHT and exactly ONE fenced bash block:
 your command here
 ```
 
-Each command runs in a fresh shell in the repository directory; `cd` does not persist,
-so chain commands with && where needed. There is no interactive input (no vim, no less).
+Each command runs in a fresh shell in the repository directory; a `cd` lasts for that
+command only, so chain commands with && where needed. There is no interactive input (no vim, no less).
 When the issue is fixed, reply with exactly this command as the last line of the block:
 
 ```bash
@@ -37,7 +37,7 @@ INSTANCE_TEMPLATE = """\
 {instruction}
 </issue>
 
-Fix the issue by editing the source files (not the tests). Start by exploring the repository."""
+Fix the issue by editing the source files (leave the tests as they are). Start by exploring the repository."""
 
 FORMAT_ERROR_TEMPLATE = """\
 Format error: {problem}. Reply with a short THOUGHT and exactly ONE fenced bash block:

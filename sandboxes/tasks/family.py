@@ -37,11 +37,13 @@ TESTS_FILE = "tests/test_lib.py"
 RUN_TESTS = "python3 run_tests.py"
 # The same words for every task: what differs between tasks is in the repository and its test output,
 # so the first step (run the tests) is learned once for every library, held-out ones included.
+# Nor do they hold a word a fix keys on ("not", "<", "min", "+ 1"): with "do not edit" here a small
+# model saw "not" in every prompt, and its one sign of a negation line was "not" after "return".
 INSTRUCTION = (
     "`lib.py` has a bug: some of its tests fail.\n\n"
-    f"Run the tests with `{RUN_TESTS}`, fix the bug in `lib.py` (do not edit the tests), and submit."
+    f"Run the tests with `{RUN_TESTS}`, fix the bug in `lib.py` (leave the tests as they are), and submit."
 )
-FAMILY_VERSION = 3  # bump when generated tasks change, so kept task sets are rebuilt
+FAMILY_VERSION = 4  # bump when generated tasks change, so kept task sets are rebuilt
 
 
 class FamilyError(ValueError):

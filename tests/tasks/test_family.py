@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 
 from agents.expert import RUN_REPLY, expert_reply, fix_reply
+from agents.scaffold import instance_prompt, system_prompt
 from agents.settings import ExpertSettings
 from sandboxes.backends import make_factory
 from sandboxes.settings import SandboxSettings
 from sandboxes.tasks.check import check_tasks
 from sandboxes.tasks.family import (
+    INSTRUCTION,
     KIND_BY_NAME,
     KINDS,
     FamilyError,
@@ -70,6 +72,16 @@ def test_every_task_renames_its_identifiers_from_its_own_split_pool() -> None:
     assert len({t.function for t in train}) > 80  # 96 tasks of 60 functions: fresh names, not one each
     originals = {f.name for m in SPLITS["train"] for f in m.functions}
     assert not train_names & originals
+
+
+def test_the_prompts_hold_no_word_a_fix_keys_on_so_only_the_shown_line_does() -> None:
+    """What tells the kinds apart must be in the test output alone, not in every prompt as well."""
+    prompts = system_prompt(SUBMIT) + instance_prompt(INSTRUCTION)
+    for word in (r"\bnot\b", r" < ", r"\bmin\b", r"\+ 1\b"):
+        assert not re.search(word, prompts), word
+    negation, comparison = (next(t for t in family_tasks("heldout", 8, 0) if t.kind == k)
+                            for k in ("negation", "comparison"))  # fmt: skip
+    assert "return not " in negation.lib and " < " in comparison.lib  # the words checked are the real ones
 
 
 def test_bad_requests_say_what_to_change() -> None:
