@@ -110,13 +110,20 @@ def _admin(kafka: KafkaSettings) -> AIOKafkaAdminClient:
 async def create_topics(kafka: KafkaSettings, topics: TopicSettings) -> list[str]:
     """Create every topic that does not exist yet (existing ones are fine); return all names."""
     specs = topic_specs(topics)
+    await ensure_topics(kafka, specs, topics.create_timeout_s)
+    return [spec.name for spec in specs]
+
+
+async def ensure_topics(kafka: KafkaSettings, specs: list[TopicSpec], timeout_s: float) -> None:
+    """Create those of `specs` that do not exist yet, and return once every partition has a leader."""
     admin = _admin(kafka)
     await admin.start()
     try:
         brokers = len((await admin.describe_cluster())["brokers"])
-        if topics.replication_factor > brokers:
+        needed = max(spec.replication_factor for spec in specs)
+        if needed > brokers:
             raise TopicError(
-                f"topics.replication_factor={topics.replication_factor} but the cluster at {kafka.bootstrap} "
+                f"topics.replication_factor={needed} but the cluster at {kafka.bootstrap} "
                 f"has {brokers} broker(s); use the 3-broker cluster (rollstream kafka up --brokers 3) "
                 "or lower the replication factor"
             )
@@ -124,7 +131,7 @@ async def create_topics(kafka: KafkaSettings, topics: TopicSettings) -> list[str
             NewTopic(spec.name, spec.partitions, spec.replication_factor, topic_configs=spec.configs)
             for spec in specs
         ]
-        response = await admin.create_topics(new, timeout_ms=int(topics.create_timeout_s * 1000))
+        response = await admin.create_topics(new, timeout_ms=int(timeout_s * 1000))
         failures = [
             f"{name}: {message or code}"
             for name, code, message in response.topic_errors
@@ -132,10 +139,9 @@ async def create_topics(kafka: KafkaSettings, topics: TopicSettings) -> list[str
         ]
         if failures:
             raise TopicError("could not create topics:\n  " + "\n  ".join(failures))
-        await _wait_for_leaders(admin, specs, topics.create_timeout_s)
+        await _wait_for_leaders(admin, specs, timeout_s)
     finally:
         await admin.close()
-    return [spec.name for spec in specs]
 
 
 async def _wait_for_leaders(admin: AIOKafkaAdminClient, specs: list[TopicSpec], timeout_s: float) -> None:
@@ -144,6 +150,13 @@ async def _wait_for_leaders(admin: AIOKafkaAdminClient, specs: list[TopicSpec], 
     while True:
         described = await admin.describe_topics(names)
         counts = {spec.name: spec.partitions for spec in specs}
+        wrong = [
+            f"{t['topic']} has {len(t['partitions'])} partitions, not {counts[t['topic']]}"
+            for t in described
+            if not t["error_code"] and t["partitions"] and len(t["partitions"]) != counts[t["topic"]]
+        ]
+        if wrong:  # an old topic of another layout: creating it again is a no-op, so waiting cannot help
+            raise TopicError("; ".join(wrong) + ": delete it (or use another topics.prefix) and retry")
         ready = len(described) == len(specs) and all(
             not topic["error_code"]
             and len(topic["partitions"]) == counts[topic["topic"]]

@@ -45,6 +45,7 @@ def command(
     from faust import Worker
 
     from streams.monitor.app import Monitor
+    from streams.topics import ensure_topics
 
     cfg = read_config(config, overrides)
     missing = _missing_topics(cfg)
@@ -57,6 +58,7 @@ def command(
     data_dir = monitor_dir(cfg)
     data_dir.mkdir(parents=True, exist_ok=True)
     monitor = Monitor(cfg.kafka, cfg.topics, settings, data_dir)
+    asyncio.run(ensure_topics(cfg.kafka, monitor.changelog_specs(), cfg.topics.create_timeout_s))
     console.print(f"monitor: http://{settings.host}:{settings.port}/metrics", highlight=False)
     logging.getLogger("faust").setLevel(logging.WARNING)
     worker = Worker(monitor.app, loglevel="WARNING", quiet=True, redirect_stdouts=False)

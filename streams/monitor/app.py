@@ -41,7 +41,7 @@ from streams.monitor.figures import (
 )
 from streams.monitor.settings import MonitorSettings
 from streams.settings import KafkaSettings, TopicSettings
-from streams.topics import partitions, topic_name
+from streams.topics import TopicSpec, partitions, topic_name
 
 SOURCES = ("trajectories", "groups", "trainer.steps", "weights.history", "sandbox.lifecycle")
 
@@ -53,6 +53,7 @@ class Monitor:
         self, kafka: KafkaSettings, topics: TopicSettings, settings: MonitorSettings, data_dir: Path
     ) -> None:
         self.settings = settings
+        self.replication_factor = topics.replication_factor
         self.app = faust.App(
             topics.prefix + settings.app_id,
             broker=f"kafka://{kafka.bootstrap}",
@@ -143,6 +144,23 @@ class Monitor:
                 for group in steps.values():
                     pairs = [(counters_only(u), o) for _, u, o in group]
                     wrapper[key].apply(lambda state, p: fold_all(state, p, kept), pairs, event=group[-1][0])
+
+    def changelog_specs(self) -> list[TopicSpec]:
+        """Each table's changelog topic as faust declares it, to be created (`ensure_topics`) before
+        faust starts. Faust creates them itself, but checks a changelog's partition count against its
+        source's at the first table write; one just created and not yet in the metadata read as 0
+        partitions there (PartitionsMismatch in CI), and the monitor died."""
+        specs = []
+        for table in self.app.tables.values():
+            changelog = table.changelog_topic
+            policy = ",".join(name for name, on in (("compact", changelog.compacting),
+                                                    ("delete", changelog.deleting)) if on)  # fmt: skip
+            configs = {"cleanup.policy": policy} if policy else {}
+            if changelog.retention:
+                configs["retention.ms"] = str(int(float(changelog.retention) * 1000))
+            name = changelog.get_topic_name()
+            specs.append(TopicSpec(table.name, name, changelog.partitions, self.replication_factor, configs))
+        return specs
 
     def ready(self) -> bool:
         """Tables recovered from their changelogs (and no rebalance recovery under way)."""
