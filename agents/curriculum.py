@@ -16,7 +16,8 @@ gets wrong (in `bench learning` the comparison tasks went first, and late in the
 policy applied the negation fix to comparison lines too). Returning tasks show such drift
 as failures. Measured on seed 2 with 1 round, it did not pay: 852 groups instead of ~520
 in 50 steps, 387 of them solved in every attempt, and the same held-out confusion. When
-every task sits out the round robin takes all again.
+every task sits out (`all_sit_out`) the round robin takes all again; the learning run
+ends RL there instead (`learning.end_when_train_solved`).
 
 `TaskPicker` is a small state machine fed from the log (the groups' records), so the
 same log gives the same choices.
@@ -59,14 +60,22 @@ class TaskPicker:
         """Tasks a group solved in every attempt at least once."""
         return set(self.times_solved)
 
+    @property
+    def all_sit_out(self) -> bool:
+        """Every task sits out now: each next group would be of a task a whole group has solved."""
+        return not self._open_tasks()
+
     def next(self) -> tuple[int, int]:
         """(task index, that task's group index) of the next group: the least-asked open task."""
-        total = sum(self.asked)
-        open_tasks = [t for t in range(self.tasks) if not self._sits_out(t, total)] or list(range(self.tasks))
+        open_tasks = self._open_tasks() or list(range(self.tasks))
         task = min(open_tasks, key=lambda t: (self.asked[t], t))
         index = self.asked[task]
         self.asked[task] += 1
         return task, index
+
+    def _open_tasks(self) -> list[int]:
+        total = sum(self.asked)
+        return [t for t in range(self.tasks) if not self._sits_out(t, total)]
 
     def _sits_out(self, task: int, requested_total: int) -> bool:
         if task not in self.times_solved:

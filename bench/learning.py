@@ -102,12 +102,15 @@ def _run(cfg: Config, paths: LearningPaths, config_args: list[str], run: str) ->
         start_rl_processes(cfg, paths, rl_run, sft_model, cfg.learning.rl_steps, pipeline, with_sink=False)
         progress = asyncio_run_feed(cfg, paths, rl_run, pipeline)
     timings["rl_s"] = round(time.monotonic() - t0, 1)
+    if progress.train_solved:
+        console.print(f"RL ended at step {progress.step}: every train task was solved by a whole group "
+                      "(learning.end_when_train_solved)")  # fmt: skip
     rl = evaluate(latest_version_dir(cfg.weights_dir / rl_run), "rl")
     return {
         "base_pass1": round(base.pass1, 4), "sft_pass1": round(sft.pass1, 4), "rl_pass1": round(rl.pass1, 4),
         "rl_steps": progress.step, "seed": cfg.learning.seed, "heldout_tasks": sft.tasks,
         "attempts": sft.attempts, "rl_groups": progress.groups_formed,
-        "rl_tasks_solved": progress.tasks_solved, **timings,
+        "rl_tasks_solved": progress.tasks_solved, "rl_ended_train_solved": progress.train_solved, **timings,
     }  # fmt: skip
 
 

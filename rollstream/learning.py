@@ -192,6 +192,7 @@ class RlProgress:
     groups_formed: int
     groups_submitted: int
     tasks_solved: int = 0  # train tasks retired by the curriculum
+    train_solved: bool = False  # RL ended before its steps: every train task sits out
 
 
 ProgressFn = Callable[[RlProgress], None]
@@ -220,7 +221,9 @@ async def feed_until_trained(cfg: Config, paths: LearningPaths, run_id: str, pip
     """Submit groups of train tasks until the trainer exits, keeping at most `rl_groups_ahead` groups
     unsettled (requested but neither trained on nor dropped), so no work waits long enough to go stale.
     Tasks come from `TaskPicker` (solved ones sitting out: `learning.retire_solved_tasks`,
-    `learning.retired_return_rounds`)."""
+    `learning.retired_return_rounds`). With `learning.end_when_train_solved` it returns as soon as
+    every task sits out (`train_solved`), the trainer still running: the caller's `Supervisor` stops
+    it, and its last published version is the RL model."""
     refs = task_refs(paths.train_tasks)
     learning = cfg.learning
     ledger = GroupLedger()
@@ -231,6 +234,8 @@ async def feed_until_trained(cfg: Config, paths: LearningPaths, run_id: str, pip
         EventConsumer(cfg.kafka, cfg.topics, shorts, group_id=None, name=f"feed-{run_id}") as consumer,
     ):
         while not pipeline.done("trainer"):
+            if learning.end_when_train_solved and picker.all_sit_out:
+                return ledger.progress(len(picker.solved), train_solved=True)
             while ledger.unsettled < cfg.learning.rl_groups_ahead:
                 await submit_next_group(cfg, producer, run_id, refs, picker)
                 ledger.submitted += 1
@@ -275,8 +280,8 @@ class GroupLedger:
         own_stale = max(0, self.trainer_stale - self.dropped_stale)
         return self.submitted - self.dropped - own_stale - self.trained
 
-    def progress(self, tasks_solved: int = 0) -> RlProgress:
-        return RlProgress(self.step, self.formed, self.submitted, tasks_solved)
+    def progress(self, tasks_solved: int = 0, *, train_solved: bool = False) -> RlProgress:
+        return RlProgress(self.step, self.formed, self.submitted, tasks_solved, train_solved)
 
 
 async def submit_next_group(cfg: Config, producer: EventProducer, run_id: str, refs: list[TaskRef],

@@ -140,7 +140,10 @@ async def _train_live(cfg: Config, paths: LearningPaths, run_id: str, pipeline: 
             feeding.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await feeding  # raises what the feeder raised
-    if not pipeline.done("trainer"):
+    if not feeding.cancelled() and feeding.result().train_solved:
+        console.print(f"RL ended at step {feeding.result().step}: every train task was solved by a whole "
+                      "group (learning.end_when_train_solved)")  # fmt: skip
+    elif not pipeline.done("trainer"):
         raise TimeoutError(f"the trainer did not finish its steps within {timeout_s:.0f} s")
 
 

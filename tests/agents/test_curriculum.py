@@ -41,13 +41,22 @@ def test_a_task_solved_in_every_attempt_is_not_asked_for_again_and_a_failed_one_
 def test_when_every_task_is_solved_all_come_back_and_without_retiring_none_leave() -> None:
     picker = TaskPicker(2)
     _ask(picker, 2)
-    for task in (0, 1):
-        picker.observe(f"g{task}-0", _group([1.0] * 4, "zero_variance"))
+    picker.observe("g0-0", _group([1.0] * 4, "zero_variance"))
+    assert not picker.all_sit_out
+    picker.observe("g1-0", _group([1.0] * 4, "zero_variance"))
+    assert picker.all_sit_out  # where the learning run ends RL (learning.end_when_train_solved)
     assert [task for task, _ in _ask(picker, 2)] == [0, 1]
+    returning = TaskPicker(1, return_rounds=1)
+    _ask(returning, 1)
+    returning.observe("g0-0", _group([1.0] * 4, "zero_variance"))
+    assert returning.all_sit_out
+    _ask(returning, 1)  # one round of the task list later it is back
+    assert not returning.all_sit_out
     keep_all = TaskPicker(2, retire_solved=False)
     _ask(keep_all, 2)
     keep_all.observe("g0-0", _group([1.0] * 4, "zero_variance"))
     assert [task for task, _ in _ask(keep_all, 2)] == [0, 1] and not keep_all.solved
+    assert not keep_all.all_sit_out
 
 
 def test_only_groups_dropped_for_zero_variance_with_rewards_count_as_solved() -> None:
