@@ -171,13 +171,22 @@ async def _wait_for_leaders(admin: AIOKafkaAdminClient, specs: list[TopicSpec], 
 
 
 async def list_topics(kafka: KafkaSettings, topics: TopicSettings) -> dict[str, dict[str, str]]:
-    """Rollstream topics under the prefix: name -> partitions, replication, retention, cleanup."""
+    """Rollstream topics under the prefix, as `describe_topics` gives them."""
     admin = _admin(kafka)
     await admin.start()
     try:
         names = [name for name in await admin.list_topics() if _is_ours(topics, name)]
-        if not names:
-            return {}
+    finally:
+        await admin.close()
+    return await describe_topics(kafka, names) if names else {}
+
+
+async def describe_topics(kafka: KafkaSettings, names: list[str]) -> dict[str, dict[str, str]]:
+    """name -> partitions, replication, leaders (partitions that have one), and the configs
+    Rollstream sets (cleanup, retention, min.insync.replicas, max.message.bytes), sorted by name."""
+    admin = _admin(kafka)
+    await admin.start()
+    try:
         described = await admin.describe_topics(names)
         resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
         configs = await admin.describe_configs(resources)
@@ -189,6 +198,7 @@ async def list_topics(kafka: KafkaSettings, topics: TopicSettings) -> dict[str, 
         result[topic["topic"]] = {
             "partitions": str(len(parts)),
             "replication": str(len(parts[0]["replicas"]) if parts else 0),
+            "leaders": str(sum(1 for part in parts if part["leader"] >= 0)),
         }
     for response in configs:
         for _code, _msg, _type, name, entries in response.resources:

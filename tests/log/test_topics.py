@@ -28,6 +28,7 @@ async def test_create_topics_is_idempotent_with_configs(config_factory: Callable
     assert topics[name("rollout.events")]["partitions"] == str(config.topics.rollout_events_partitions)
     assert topics[name("rollout.requests")]["partitions"] == str(config.topics.rollout_requests_partitions)
     for info in topics.values():
+        assert info["leaders"] == info["partitions"]  # create_topics returns once every partition is led
         assert info["max.message.bytes"] == str(config.topics.max_message_bytes)
         assert info["min.insync.replicas"] == "1"
 

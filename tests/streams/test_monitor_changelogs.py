@@ -12,37 +12,10 @@ from pathlib import Path
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from rollstream.config import Config
 from streams.monitor.app import SOURCES, Monitor
-from streams.topics import TopicError, TopicSpec, ensure_topics, partitions
-
-
-async def _described(config: Config, names: list[str]) -> dict[str, tuple[int, bool, str, str]]:
-    """name -> (partitions, every partition led, cleanup.policy, retention.ms)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=config.kafka.bootstrap)
-    await admin.start()
-    try:
-        described = await admin.describe_topics(names)
-        resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
-        configs = await admin.describe_configs(resources)
-    finally:
-        await admin.close()
-    values = {
-        name: {entry[0]: entry[1] for entry in entries}
-        for response in configs
-        for _code, _msg, _type, name, entries in response.resources
-    }
-    return {
-        t["topic"]: (
-            len(t["partitions"]),
-            all(p["leader"] >= 0 for p in t["partitions"]),
-            values[t["topic"]]["cleanup.policy"],
-            values[t["topic"]]["retention.ms"],
-        )
-        for t in described
-    }
+from streams.topics import TopicError, TopicSpec, describe_topics, ensure_topics, partitions
 
 
 async def _delete(config: Config, names: list[str]) -> None:
@@ -66,16 +39,16 @@ def test_changelogs_are_made_with_their_sources_partition_counts_before_faust_st
     try:
         for _ in range(2):  # a restart finds them made: no error, nothing changes
             asyncio.run(ensure_topics(config.kafka, specs, config.topics.create_timeout_s))
-        described = asyncio.run(_described(config, names))
+        described = asyncio.run(describe_topics(config.kafka, names))
     finally:
         asyncio.run(_delete(config, names))
     expires_ms = str(int(config.monitor.window_expires_s * 1000))
     for spec in specs:
-        count, led, policy, retention = described[spec.name]
-        assert (count, led) == (spec.partitions, True), spec.name
+        info = described[spec.name]
+        assert info["partitions"] == info["leaders"] == str(spec.partitions), spec.name
         windowed = not spec.short.startswith("totals-")
-        assert policy == ("compact,delete" if windowed else "compact"), spec.name
-        assert (retention == expires_ms) is windowed, spec.name
+        assert info["cleanup.policy"] == ("compact,delete" if windowed else "compact"), spec.name
+        assert (info["retention.ms"] == expires_ms) is windowed, spec.name
 
 
 def test_a_topic_of_another_partition_count_is_a_clear_error_not_a_wait(
