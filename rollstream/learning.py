@@ -40,6 +40,8 @@ from trainer.checkpoint import init_model_dir
 from trainer.checkpoint import read_config as read_model_config
 from trainer.intake import STALE
 
+SFT_RECIPE = "sft_recipe.json"
+
 # The family's episodes are short: caps sized to them (users' --set overrides come after).
 LEARNING_DEFAULTS = (
     "policy.max_turns=4",
@@ -147,14 +149,37 @@ def build_sft_model(cfg: Config, paths: LearningPaths, expert_run: str, config_a
     staged = paths.sft_model.with_name(paths.sft_model.name + ".partial")
     shutil.rmtree(staged, ignore_errors=True)
     shutil.copytree(last, staged)
+    (staged / SFT_RECIPE).write_text(json.dumps(sft_recipe(cfg), sort_keys=True))
     shutil.rmtree(paths.sft_model, ignore_errors=True)
     staged.rename(paths.sft_model)
     return paths.sft_model
 
 
+def sft_recipe(cfg: Config) -> dict[str, object]:
+    """The settings an SFT model is made from, beyond the task splits (`prepare` checks those)."""
+    learning = cfg.learning
+    return {
+        "expert": cfg.expert.model_dump(mode="json"),
+        "group_size": cfg.policy.group_size,
+        "expert_groups_per_task": learning.expert_groups_per_task,
+        "sft_epochs": learning.sft_epochs,
+    }
+
+
+def sft_model_is_current(cfg: Config, paths: LearningPaths) -> bool:
+    """A kept SFT model exists and was made with today's `sft_recipe` (one made before the
+    recipe was recorded counts as stale)."""
+    try:
+        kept = json.loads((paths.sft_model / SFT_RECIPE).read_text())
+    except (OSError, ValueError):
+        return False
+    return (paths.sft_model / "config.json").exists() and kept == sft_recipe(cfg)
+
+
 def ensure_sft_model(cfg: Config, paths: LearningPaths, log_dir: Path, config_args: list[str]) -> Path:
-    """The SFT model of this seed, built through the log the first time and reused after."""
-    if (paths.sft_model / "config.json").exists():
+    """The SFT model of this seed, built through the log the first time and reused after while
+    the settings it was made with (`sft_recipe`) are unchanged."""
+    if sft_model_is_current(cfg, paths):
         return paths.sft_model
     expert_run = f"expert-seed{cfg.learning.seed}-{_stamp()}"
     with Supervisor(log_dir, config_args, cfg.supervisor) as pipeline:
