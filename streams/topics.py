@@ -176,9 +176,9 @@ async def list_topics(kafka: KafkaSettings, topics: TopicSettings) -> dict[str, 
     await admin.start()
     try:
         names = [name for name in await admin.list_topics() if _is_ours(topics, name)]
+        return await _describe(admin, names) if names else {}
     finally:
         await admin.close()
-    return await describe_topics(kafka, names) if names else {}
 
 
 async def describe_topics(kafka: KafkaSettings, names: list[str]) -> dict[str, dict[str, str]]:
@@ -187,11 +187,15 @@ async def describe_topics(kafka: KafkaSettings, names: list[str]) -> dict[str, d
     admin = _admin(kafka)
     await admin.start()
     try:
-        described = await admin.describe_topics(names)
-        resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
-        configs = await admin.describe_configs(resources)
+        return await _describe(admin, names)
     finally:
         await admin.close()
+
+
+async def _describe(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, dict[str, str]]:
+    described = await admin.describe_topics(names)
+    resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
+    configs = await admin.describe_configs(resources)
     result: dict[str, dict[str, str]] = {}
     for topic in described:
         parts = topic["partitions"]
