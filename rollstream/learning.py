@@ -23,11 +23,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agents.curriculum import TaskPicker
 from agents.identity import group_id
 from agents.submit import TaskRef, limits_of, request_event, run_requests, submit_requests, task_refs
-from rollstream.config import Config
+from rollstream.config import Config, LearningSettings
 from rollstream.evaluation import wait_for_engine
 from rollstream.launcher.process import free_port
 from rollstream.run_progress import wait_for_groups
@@ -93,21 +94,26 @@ def learning_paths(cfg: Config) -> LearningPaths:
 
 def prepare(cfg: Config) -> LearningPaths:
     """Topics, both task splits and the base model for `cfg.learning.seed` (kept when present; a
-    split whose recipe changed is rebuilt, and the SFT model made from the old one removed)."""
+    split whose recipe changed is rebuilt; an SFT model made from an old train split is stale by
+    its `sft_recipe`)."""
     asyncio.run(create_topics(cfg.kafka, cfg.topics))
     paths, learning = learning_paths(cfg), cfg.learning
-    for directory, split, n in ((paths.train_tasks, "train", learning.train_tasks),
-                                (paths.heldout_tasks, "heldout", learning.heldout_tasks)):  # fmt: skip
-        recipe = {"split": split, "n": n, "seed": learning.seed, "version": FAMILY_VERSION}
+    for directory, split in ((paths.train_tasks, "train"), (paths.heldout_tasks, "heldout")):
+        recipe = split_recipe(learning, split)
         if _recipe(directory) != recipe:
             if directory.exists():
                 shutil.rmtree(directory)
-            write_family(directory, split, n, learning.seed, python=cfg.tasks.python)
-            shutil.rmtree(paths.sft_model, ignore_errors=True)  # it learned from the old tasks
+            write_family(directory, split, recipe["n"], learning.seed, python=cfg.tasks.python)
     if not (paths.base_model / "config.json").exists():
         settings = cfg.model.model_copy(update={"seed": learning.seed})
         init_model_dir(settings, paths.base_model)
     return paths
+
+
+def split_recipe(learning: LearningSettings, split: str) -> dict[str, Any]:
+    """What a task split is built from (`family.json` holds it)."""
+    n = learning.train_tasks if split == "train" else learning.heldout_tasks
+    return {"split": split, "n": n, "seed": learning.seed, "version": FAMILY_VERSION}
 
 
 def _recipe(directory: Path) -> dict[str, object] | None:
@@ -156,9 +162,10 @@ def build_sft_model(cfg: Config, paths: LearningPaths, expert_run: str, config_a
 
 
 def sft_recipe(cfg: Config) -> dict[str, object]:
-    """The settings an SFT model is made from, beyond the task splits (`prepare` checks those)."""
+    """The settings an SFT model is made from: the train split it learned from, the expert, SFT."""
     learning = cfg.learning
     return {
+        "train_split": split_recipe(learning, "train"),
         "expert": cfg.expert.model_dump(mode="json"),
         "group_size": cfg.policy.group_size,
         "expert_groups_per_task": learning.expert_groups_per_task,
