@@ -100,7 +100,7 @@ def prepare(cfg: Config) -> LearningPaths:
     paths, learning = learning_paths(cfg), cfg.learning
     for directory, split in ((paths.train_tasks, "train"), (paths.heldout_tasks, "heldout")):
         recipe = split_recipe(learning, split)
-        if _recipe(directory) != recipe:
+        if _kept_recipe(directory, recipe) != recipe:
             if directory.exists():
                 shutil.rmtree(directory)
             write_family(directory, split, recipe["n"], learning.seed, python=cfg.tasks.python)
@@ -116,12 +116,13 @@ def split_recipe(learning: LearningSettings, split: str) -> dict[str, Any]:
     return {"split": split, "n": n, "seed": learning.seed, "version": FAMILY_VERSION}
 
 
-def _recipe(directory: Path) -> dict[str, object] | None:
+def _kept_recipe(directory: Path, recipe: dict[str, Any]) -> dict[str, object] | None:
+    """The kept split's `family.json`, cut to the keys of `recipe` (it also lists the kinds)."""
     try:
         data = json.loads((directory / "family.json").read_text())
     except (OSError, ValueError):
         return None
-    return {key: data.get(key) for key in ("split", "n", "seed", "version")}
+    return {key: data.get(key) for key in recipe}
 
 
 def collect_expert(cfg: Config, paths: LearningPaths, run_id: str, pipeline: Supervisor) -> None:
