@@ -4,6 +4,7 @@ stop when the loop is blocked or the check fails."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -28,27 +29,39 @@ def test_unsupervised_processes_write_no_heartbeat(monkeypatch: pytest.MonkeyPat
 
 
 def test_beats_follow_the_loop_and_the_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Which beats happen is asserted, not how late they are: a loaded CI machine may
+    deschedule the test for longer than any interval, but a blocked loop or a failing
+    check can never beat, and a running, healthy loop always beats again."""
     beat = tmp_path / "x.heartbeat"
     monkeypatch.setenv(HEARTBEAT_FILE_ENV, str(beat))
-    monkeypatch.setenv(HEARTBEAT_INTERVAL_ENV, "0.1")
+    monkeypatch.setenv(HEARTBEAT_INTERVAL_ENV, "0.05")
     healthy = {"ok": True}
     since = time.time()
 
-    async def scenario() -> tuple[float | None, float | None, float | None]:
-        task = start_heartbeat(check=lambda: healthy["ok"])
-        await asyncio.sleep(0.3)
-        fresh = beat_age_s(beat, since)
-        time.sleep(0.6)  # the loop is blocked: no beat
-        blocked = beat_age_s(beat, since)
-        healthy["ok"] = False
-        await asyncio.sleep(0.5)
-        failing = beat_age_s(beat, since)
-        await stop_heartbeat(task)
-        return fresh, blocked, failing
+    async def next_beat(after: str | None, timeout_s: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            text = beat.read_text() if beat.exists() else None
+            if text is not None and text != after:
+                return text
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"no new beat within {timeout_s} s")
 
-    fresh, blocked, failing = asyncio.run(scenario())
-    assert fresh is not None and fresh < 0.25
-    assert blocked is not None and blocked >= 0.5
-    assert failing is not None and failing >= 0.4
-    assert beat.read_text().split()[0].isdigit()  # "<pid> <time>"
+    async def scenario() -> None:
+        task = start_heartbeat(check=lambda: healthy["ok"])
+        first = await next_beat(None)
+        second = await next_beat(first)  # a running loop keeps beating
+        assert float(second.split()[1]) > float(first.split()[1])
+        time.sleep(0.3)  # the loop is blocked: nothing can beat
+        assert beat.read_text() == second
+        healthy["ok"] = False
+        await asyncio.sleep(0.3)  # the loop runs, but the check fails: no beat
+        assert beat.read_text() == second
+        healthy["ok"] = True
+        await next_beat(second)  # beats resume with the check
+        await stop_heartbeat(task)
+
+    asyncio.run(scenario())
+    assert beat.read_text().split()[0] == str(os.getpid())  # "<pid> <time>"
+    assert beat_age_s(beat, since) is not None
     assert beat_age_s(beat, time.time() + 10) is None  # a beat from before `since` does not count
