@@ -11,6 +11,7 @@ from pathlib import Path
 
 from agents.chat import ChatFormat
 from agents.episode import EpisodeServices, EpisodeSpec
+from agents.finished_log import finished_since
 from agents.identity import group_id, trajectory_id
 from agents.rollout import RolloutWorker, TaskCatalog, WorkerSettings
 from agents.scripted import ScriptedPolicy
@@ -143,11 +144,26 @@ async def test_two_workers_share_the_requests_without_running_one_twice(
         await asyncio.sleep(3.0)  # the second joins mid-run: a rebalance moves partitions
         running_b = asyncio.create_task(second.run(stop))
         expected = {e.trajectory_id for e in requests}
+        # Done means finished on the log: an episode cancelled by the rebalance while its
+        # `trajectory.finished` was being acked is on the log without an `on_finished`, and
+        # the partition's new owner skips its request as finished (`skipped_finished`).
+        finished: dict[str, Outcome] = {}
+
+        def settled() -> bool:  # every request finished on the log, and each one handled by a worker
+            unreported = expected - set(done["a"]) - set(done["b"])
+            skipped = first.skipped_finished + second.skipped_finished
+            return expected <= finished.keys() and len(unreported) <= skipped
+
         deadline = time.monotonic() + 180
-        while not expected <= set(done["a"]) | set(done["b"]):
-            assert time.monotonic() < deadline, "timed out waiting for every request"
+        while not settled():
+            assert time.monotonic() < deadline, (
+                f"timed out waiting for every request: {len(expected & finished.keys())} of "
+                f"{len(expected)} finished on the log, in flight a={first.in_flight} b={second.in_flight}, "
+                f"skipped a={first.skipped_finished} b={second.skipped_finished}, pool {pool.stats()}"
+            )
             assert not running_a.done() and not running_b.done()
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.5)
+            finished = await finished_since(config.kafka, config.topics, 0)
         stop.set()
         await asyncio.gather(running_a, running_b)
     assert done["a"] and done["b"], "both workers took part"
