@@ -13,3 +13,4 @@ test: setup
 
 lint:
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .

@@ -195,10 +195,15 @@ class Episode:
         )
         self.counters.context = list(prompt)
         s = self.spec
-        await self._emit(TrajectoryStarted(
-            attempt=s.attempt, retry=s.retry, group_size=s.group_size, limits=s.limits,
-            prompt_token_ids=prompt,
-        ))  # fmt: skip
+        await self._emit(
+            TrajectoryStarted(
+                attempt=s.attempt,
+                retry=s.retry,
+                group_size=s.group_size,
+                limits=s.limits,
+                prompt_token_ids=prompt,
+            )
+        )
         ending = await self._run_cancellable()
         return await self._finish(ending, time.monotonic() - started)
 
@@ -240,9 +245,14 @@ class Episode:
                 return await self._episode(box)
         except SandboxError as error:
             kind = error.kind if box is None or error.kind != "sandbox_start" else "sandbox_lost"
-            await self._emit(SandboxFailed(
-                backend=backend, error_kind=kind, message=str(error), injected=error.injected,
-            ))  # fmt: skip
+            await self._emit(
+                SandboxFailed(
+                    backend=backend,
+                    error_kind=kind,
+                    message=str(error),
+                    injected=error.injected,
+                )
+            )
             return Ending(infra_outcome(kind), None, f"{type(error).__name__}: {error}", error.injected)
         finally:
             if box is not None and ready_at and (self.aborted is not None or not self._cancelled()):
@@ -257,11 +267,15 @@ class Episode:
         timings = box.timings
         self.counters.sandbox_start_s = timings.start_s
         self.counters.queue_s = timings.queued_s
-        await self._emit(SandboxReady(
-            backend=box.backend, sandbox_id=box.id, queue_wait_s=max(timings.queued_s, 0.0),
-            cap_waits=dict(timings.cap_waits),
-            start_s=max(timings.start_s, 0.0),
-        ))  # fmt: skip
+        await self._emit(
+            SandboxReady(
+                backend=box.backend,
+                sandbox_id=box.id,
+                queue_wait_s=max(timings.queued_s, 0.0),
+                cap_waits=dict(timings.cap_waits),
+                start_s=max(timings.start_s, 0.0),
+            )
+        )
 
     async def _episode(self, box: Sandbox) -> Ending:
         """Turns until an end, then the verifier (except on infrastructure errors)."""
@@ -280,10 +294,14 @@ class Episode:
         except VerifierError as error:  # other sandbox errors are the sandbox's: sandbox.failed
             return Ending(Outcome.INFRA_VERIFIER, None, f"verifier: {error}")
         self.counters.tests_s = time.monotonic() - t0
-        await self._emit(TestsRan(
-            fail_to_pass=dict(verdict.fail_to_pass), pass_to_pass=dict(verdict.pass_to_pass),
-            duration_s=max(verdict.duration_s, 0.0), reward=verdict.reward,
-        ))  # fmt: skip
+        await self._emit(
+            TestsRan(
+                fail_to_pass=dict(verdict.fail_to_pass),
+                pass_to_pass=dict(verdict.pass_to_pass),
+                duration_s=max(verdict.duration_s, 0.0),
+                reward=verdict.reward,
+            )
+        )
         return verdict
 
     # ---- turns --------------------------------------------------------------------
@@ -325,10 +343,13 @@ class Episode:
         turn = c.turns + 1
         agent = self.services.agent
         params = SamplingParams(
-            max_new_tokens=budget.max_new_tokens, temperature=agent.temperature, top_p=agent.top_p,
-            top_k=agent.top_k, seed=sampling_seed(self.spec.trajectory_id, turn),
+            max_new_tokens=budget.max_new_tokens,
+            temperature=agent.temperature,
+            top_p=agent.top_p,
+            top_k=agent.top_k,
+            seed=sampling_seed(self.spec.trajectory_id, turn),
             stop_token_ids=self.services.chat.stop_token_ids,
-        )  # fmt: skip
+        )
         self._rid = request_id(self.spec.trajectory_id, turn)
         t0 = time.monotonic()
         try:  # on cancellation `_rid` stays set, so a deadline abort can abort it in the engine
@@ -347,14 +368,21 @@ class Episode:
         observation, c.pending_observation = c.pending_observation, []
         c.context.extend(generation.output_ids)
         self.version = max(self.version, generation.weight_version)
-        await self._emit(TurnGenerated(
-            turn=turn, observation_token_ids=observation, output_token_ids=list(generation.output_ids),
-            output_logprobs=list(generation.output_logprobs),
-            output_versions=list(generation.output_versions),
-            finish_reason=generation.finish_reason, engine_id=generation.engine_id,
-            weight_version=generation.weight_version, context_tokens=len(c.context),
-            queue_wait_s=max(generation.queue_wait_s, 0.0), latency_s=max(generation.latency_s, 0.0),
-        ))  # fmt: skip
+        await self._emit(
+            TurnGenerated(
+                turn=turn,
+                observation_token_ids=observation,
+                output_token_ids=list(generation.output_ids),
+                output_logprobs=list(generation.output_logprobs),
+                output_versions=list(generation.output_versions),
+                finish_reason=generation.finish_reason,
+                engine_id=generation.engine_id,
+                weight_version=generation.weight_version,
+                context_tokens=len(c.context),
+                queue_wait_s=max(generation.queue_wait_s, 0.0),
+                latency_s=max(generation.latency_s, 0.0),
+            )
+        )
         return generation
 
     def _observe(self, generation: Generation, content: str) -> None:
@@ -364,10 +392,18 @@ class Episode:
 
     async def _show_format_error(self, error: FormatError, generation: Generation) -> None:
         message = error.message
-        await self._emit(ToolExecuted(
-            turn=self.counters.turns, command="", exit_code=None, output=message,
-            output_bytes=len(message.encode()), truncated=False, duration_s=0.0, format_error=True,
-        ))  # fmt: skip
+        await self._emit(
+            ToolExecuted(
+                turn=self.counters.turns,
+                command="",
+                exit_code=None,
+                output=message,
+                output_bytes=len(message.encode()),
+                truncated=False,
+                duration_s=0.0,
+                format_error=True,
+            )
+        )
         self._observe(generation, message)
 
     async def _act(self, box: Sandbox, action: Action, generation: Generation) -> bool:
@@ -383,12 +419,18 @@ class Episode:
         shown = render_observation(
             result.exit_code, output, self.spec.limits.tool_output_chars, result.timed_out, timeout
         )
-        await self._emit(ToolExecuted(
-            turn=self.counters.turns, command=action.command, exit_code=result.exit_code, output=shown.text,
-            output_bytes=max(result.output_bytes, len(output.encode())),
-            truncated=shown.truncated or result.output_truncated, duration_s=max(result.duration_s, 0.0),
-            timed_out=result.timed_out,
-        ))  # fmt: skip
+        await self._emit(
+            ToolExecuted(
+                turn=self.counters.turns,
+                command=action.command,
+                exit_code=result.exit_code,
+                output=shown.text,
+                output_bytes=max(result.output_bytes, len(output.encode())),
+                truncated=shown.truncated or result.output_truncated,
+                duration_s=max(result.duration_s, 0.0),
+                timed_out=result.timed_out,
+            )
+        )
         if action.submits:
             return True
         self._observe(generation, shown.text)
@@ -402,10 +444,16 @@ class Episode:
     async def _emit(self, data: Payload) -> None:
         s = self.spec
         event = make_event(
-            data, run_id=s.run_id, seq=self.seq, time_ns=time.time_ns(), source=self.services.source,
-            group_id=s.group_id, trajectory_id=s.trajectory_id, task_id=s.task.id,
+            data,
+            run_id=s.run_id,
+            seq=self.seq,
+            time_ns=time.time_ns(),
+            source=self.services.source,
+            group_id=s.group_id,
+            trajectory_id=s.trajectory_id,
+            task_id=s.task.id,
             policy_version=self.version,
-        )  # fmt: skip
+        )
         self.seq += 1
         # shielded: a deadline abort must not leave a seq half-written (gap or reuse)
         await asyncio.shield(self.sink.emit(event))
@@ -413,14 +461,23 @@ class Episode:
     async def _finish(self, ending: Ending, total_s: float) -> TrajectoryFinished:
         c = self.counters
         times = TimeBreakdown(
-            llm_s=c.llm_s, tool_s=c.tool_s, sandbox_start_s=c.sandbox_start_s, tests_s=c.tests_s,
-            queue_s=c.queue_s, total_s=total_s,
-        )  # fmt: skip
+            llm_s=c.llm_s,
+            tool_s=c.tool_s,
+            sandbox_start_s=c.sandbox_start_s,
+            tests_s=c.tests_s,
+            queue_s=c.queue_s,
+            total_s=total_s,
+        )
         finished = TrajectoryFinished(
-            outcome=ending.outcome, reward=None if ending.outcome.is_infra_error else ending.reward,
-            turns=c.turns, generated_tokens=c.generated, context_tokens=len(c.context), last_seq=self.seq,
+            outcome=ending.outcome,
+            reward=None if ending.outcome.is_infra_error else ending.reward,
+            turns=c.turns,
+            generated_tokens=c.generated,
+            context_tokens=len(c.context),
+            last_seq=self.seq,
             error=ending.error,
-            times=times, injected=ending.injected and ending.outcome.is_infra_error,
-        )  # fmt: skip
+            times=times,
+            injected=ending.injected and ending.outcome.is_infra_error,
+        )
         await self._emit(finished)
         return finished

@@ -52,9 +52,13 @@ class EvalResult:
     def summary(self) -> dict[str, object]:
         """The last line of `rollstream eval`."""
         return {
-            "pass1": round(self.pass1, 4), "tasks": self.tasks, "attempts": self.attempts,
-            "model_version": self.model_version, "run_id": self.run_id, "infra_reruns": self.infra_reruns,
-        }  # fmt: skip
+            "pass1": round(self.pass1, 4),
+            "tasks": self.tasks,
+            "attempts": self.attempts,
+            "model_version": self.model_version,
+            "run_id": self.run_id,
+            "infra_reruns": self.infra_reruns,
+        }
 
 
 def pass_at_1(results: Sequence[AttemptResult]) -> float:
@@ -89,9 +93,15 @@ async def evaluate(
         group = group_id(run_id, task.id, 0)
         for retry in range(max_infra_reruns + 1):
             spec = EpisodeSpec(
-                run_id=run_id, group_id=group, trajectory_id=trajectory_id(group, attempt, retry), task=task,
-                attempt=attempt, retry=retry, group_size=attempts, limits=limits,
-            )  # fmt: skip
+                run_id=run_id,
+                group_id=group,
+                trajectory_id=trajectory_id(group, attempt, retry),
+                task=task,
+                attempt=attempt,
+                retry=retry,
+                group_size=attempts,
+                limits=limits,
+            )
             async with slots:
                 finished = await Episode(spec, services, sink).run()
             if not finished.outcome.is_infra_error:

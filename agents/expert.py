@@ -58,8 +58,9 @@ def expert_reply(context: str, rng: random.Random, settings: ExpertSettings, sub
 class ExpertPolicy:
     """`expert_reply` behind the `Policy` protocol; logprobs 0.0, weight version `weight_version`."""
 
-    def __init__(self, chat: ChatFormat, settings: ExpertSettings, agent: AgentSettings,
-                 *, weight_version: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, chat: ChatFormat, settings: ExpertSettings, agent: AgentSettings, *, weight_version: int = 0
+    ) -> None:
         self.chat = chat
         self.settings = settings
         self.submit_command = agent.submit_command
@@ -71,9 +72,13 @@ class ExpertPolicy:
         rng = random.Random(f"{self.settings.seed}|{rid}")  # rid: trajectory id and turn
         text = expert_reply(self.chat.decode(input_ids), rng, self.settings, self.submit_command)
         return reply_generation(
-            self.chat, text, params, prompt_tokens=len(input_ids), weight_version=self.weight_version,
+            self.chat,
+            text,
+            params,
+            prompt_tokens=len(input_ids),
+            weight_version=self.weight_version,
             engine_id="expert",
-        )  # fmt: skip
+        )
 
     async def abort(self, rid: str) -> None:
         return None

@@ -134,9 +134,12 @@ class RolloutWorker:
         self._slot_freed = asyncio.Event()
         self.failure: BaseException | None = None
         self.aborts = AbortFollower(
-            settings.kafka, settings.topics, name=f"{self.name}-control", on_abort=self._abort,
+            settings.kafka,
+            settings.topics,
+            name=f"{self.name}-control",
+            on_abort=self._abort,
             poll_ms=settings.rollout.request_poll_ms,
-        )  # fmt: skip
+        )
         self._sink: KafkaEventSink | None = None
 
     @property
@@ -296,10 +299,15 @@ class RolloutWorker:
             await self._dead_letter(consumed, f"the request's task cannot be loaded: {error}")
             return
         spec = EpisodeSpec(
-            run_id=event.run_id, group_id=event.group_id, trajectory_id=event.trajectory_id, task=task,
-            attempt=request.attempt, retry=request.retry, group_size=request.group_size,
+            run_id=event.run_id,
+            group_id=event.group_id,
+            trajectory_id=event.trajectory_id,
+            task=task,
+            attempt=request.attempt,
+            retry=request.retry,
+            group_size=request.group_size,
             limits=request.limits,
-        )  # fmt: skip
+        )
         finished = await self._run_episode(spec)
         self.finished[spec.trajectory_id] = finished.outcome
         self.outcomes[finished.outcome.value] += 1
@@ -328,9 +336,14 @@ class RolloutWorker:
         log.error("dead-lettering %s[%d]@%d: %s", consumed.topic, consumed.partition, consumed.offset, reason)
         event = consumed.event
         record = dead_letter(
-            topic_name(self.settings.topics, consumed.topic), consumed.partition, consumed.offset,
-            event.key, encode_event(event), reason=reason, consumer=self.name,
-        )  # fmt: skip
+            topic_name(self.settings.topics, consumed.topic),
+            consumed.partition,
+            consumed.offset,
+            event.key,
+            encode_event(event),
+            reason=reason,
+            consumer=self.name,
+        )
         await self._sink.send_acked("deadletter", record)
 
     async def _run_episode(self, spec: EpisodeSpec) -> TrajectoryFinished:
@@ -348,10 +361,15 @@ class RolloutWorker:
     async def _send_retry(self, event: Event, request: RolloutRequested) -> None:
         assert self._sink is not None and event.group_id and event.task_id is not None
         retry = request_event(
-            run_id=event.run_id, group=event.group_id, task=TaskRef(event.task_id, request.task_dir),
-            attempt=request.attempt, retry=request.retry + 1, group_size=request.group_size,
-            limits=request.limits, source=self.name,
-        )  # fmt: skip
+            run_id=event.run_id,
+            group=event.group_id,
+            task=TaskRef(event.task_id, request.task_dir),
+            attempt=request.attempt,
+            retry=request.retry + 1,
+            group_size=request.group_size,
+            limits=request.limits,
+            source=self.name,
+        )
         await self._sink.send_acked("rollout.requests", retry)
         self.retries_sent += 1
 

@@ -119,7 +119,7 @@ def truncate_output(text: str, limit: int) -> ShownOutput:
     head = limit // 2
     tail = limit - head
     elided = len(text) - limit
-    shown = f"{text[:head]}\n[... {elided} characters elided ...]\n{text[len(text) - tail:]}"
+    shown = f"{text[:head]}\n[... {elided} characters elided ...]\n{text[len(text) - tail :]}"
     return ShownOutput(shown, truncated=True, elided_chars=elided)
 
 

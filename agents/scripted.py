@@ -38,18 +38,29 @@ class ScriptedPolicy:
             raise EngineError("request", "empty input_ids")
         text = self.replies[min(index, len(self.replies) - 1)]
         return reply_generation(
-            self.chat, text, params, prompt_tokens=len(input_ids), weight_version=self.weight_version,
-            engine_id="scripted", latency_s=self.delay_s,
-        )  # fmt: skip
+            self.chat,
+            text,
+            params,
+            prompt_tokens=len(input_ids),
+            weight_version=self.weight_version,
+            engine_id="scripted",
+            latency_s=self.delay_s,
+        )
 
     async def abort(self, rid: str) -> None:
         self.aborted.append(rid)
 
 
 def reply_generation(
-    chat: ChatFormat, text: str, params: SamplingParams, *, prompt_tokens: int, weight_version: int,
-    engine_id: str, latency_s: float = 0.0,
-) -> Generation:  # fmt: skip
+    chat: ChatFormat,
+    text: str,
+    params: SamplingParams,
+    *,
+    prompt_tokens: int,
+    weight_version: int,
+    engine_id: str,
+    latency_s: float = 0.0,
+) -> Generation:
     """`text` as an engine's output: ids ending with `<|im_end|>`, cut at `max_new_tokens`
     (finish `length`), logprobs 0.0, every token of `weight_version`."""
     ids = [*chat.encode(text), chat.im_end]

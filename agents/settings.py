@@ -84,7 +84,10 @@ class ExpertSettings(Frozen):
     traces are the SFT data: imperfect on purpose, as other agents' public traces are."""
 
     test_first_rate: float = Field(
-        default=0.15, ge=0, le=1, description="first turn runs the tests; otherwise it guesses a fix blind "
+        default=0.15,
+        ge=0,
+        le=1,
+        description="first turn runs the tests; otherwise it guesses a fix blind "
         "(0.3 made reading first 63% of the resolved traces, and one SFT model of seed 2 reached 0.875)",
     )
     right_edit_rate: float = Field(

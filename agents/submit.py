@@ -53,15 +53,28 @@ def request_event(
         task_dir=task.task_dir, attempt=attempt, retry=retry, group_size=group_size, limits=limits
     )
     return make_event(
-        data, run_id=run_id, seq=0, time_ns=time.time_ns(), source=source, group_id=group,
-        trajectory_id=trajectory, task_id=task.task_id, id_key=f"request:{trajectory}",
-    )  # fmt: skip
+        data,
+        run_id=run_id,
+        seq=0,
+        time_ns=time.time_ns(),
+        source=source,
+        group_id=group,
+        trajectory_id=trajectory,
+        task_id=task.task_id,
+        id_key=f"request:{trajectory}",
+    )
 
 
 def run_requests(
-    run_id: str, tasks: list[TaskRef], group_size: int, limits: Limits, *, groups_per_task: int = 1,
-    first_group: int = 0, source: str = "submit",
-) -> list[Event]:  # fmt: skip
+    run_id: str,
+    tasks: list[TaskRef],
+    group_size: int,
+    limits: Limits,
+    *,
+    groups_per_task: int = 1,
+    first_group: int = 0,
+    source: str = "submit",
+) -> list[Event]:
     """Every request of a run: for each task and group index, `group_size` attempts."""
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -70,10 +83,18 @@ def run_requests(
         for task in tasks:
             group = group_id(run_id, task.task_id, index)
             for attempt in range(group_size):
-                events.append(request_event(
-                    run_id=run_id, group=group, task=task, attempt=attempt, retry=0,
-                    group_size=group_size, limits=limits, source=source,
-                ))  # fmt: skip
+                events.append(
+                    request_event(
+                        run_id=run_id,
+                        group=group,
+                        task=task,
+                        attempt=attempt,
+                        retry=0,
+                        group_size=group_size,
+                        limits=limits,
+                        source=source,
+                    )
+                )
     return events
 
 

@@ -68,16 +68,23 @@ async def _raw(
     kafka = config.kafka
     name = topic_name(topics, TOPIC)
     consumer = AIOKafkaConsumer(
-        name, bootstrap_servers=kafka.bootstrap, group_id=None, enable_auto_commit=False,
-        auto_offset_reset="earliest", fetch_max_bytes=kafka.fetch_max_bytes,
+        name,
+        bootstrap_servers=kafka.bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_bytes=kafka.fetch_max_bytes,
         max_partition_fetch_bytes=kafka.max_partition_fetch_bytes,
-    )  # fmt: skip
+    )
     producer = AIOKafkaProducer(
-        bootstrap_servers=kafka.bootstrap, acks="all", enable_idempotence=True,
+        bootstrap_servers=kafka.bootstrap,
+        acks="all",
+        enable_idempotence=True,
         compression_type=None if kafka.compression == "none" else kafka.compression,
-        linger_ms=kafka.linger_ms, max_batch_size=kafka.max_batch_size,
+        linger_ms=kafka.linger_ms,
+        max_batch_size=kafka.max_batch_size,
         max_request_size=kafka.max_request_size,
-    )  # fmt: skip
+    )
     await consumer.start()
     await producer.start()
     try:

@@ -96,14 +96,18 @@ def chaos_overrides(cfg: Config, name: str) -> list[str]:
     c = cfg.chaos
     return [
         *kafka_launcher.cluster_overrides(cfg, BROKERS),
-        f"sandbox.faults.start_failure_rate={c.fault_rate}", f"sandbox.faults.hang_rate={c.fault_rate}",
-        f"sandbox.faults.seed={c.seed}", f"client.faults.engine_error_rate={c.fault_rate}",
-        f"client.faults.seed={c.seed}", f"learning.seed={c.task_seed}",
-        f"learning.train_tasks={c.train_tasks}", "learning.heldout_tasks=1",
+        f"sandbox.faults.start_failure_rate={c.fault_rate}",
+        f"sandbox.faults.hang_rate={c.fault_rate}",
+        f"sandbox.faults.seed={c.seed}",
+        f"client.faults.engine_error_rate={c.fault_rate}",
+        f"client.faults.seed={c.seed}",
+        f"learning.seed={c.task_seed}",
+        f"learning.train_tasks={c.train_tasks}",
+        "learning.heldout_tasks=1",
         f"trainer.groups_per_step={c.groups_per_step}",
         f'db.url="sqlite:///{cfg.state_dir.resolve() / "chaos" / name / "events.db"}"',
         *isolated(name),
-    ]  # fmt: skip
+    ]
 
 
 def command(
@@ -113,8 +117,11 @@ def command(
     overrides: Overrides = None,
 ) -> None:
     """Train through SIGKILLs of every process and a broker, with injected faults; count topics and SQL."""
-    user = [*(overrides or []), *([f"chaos.seed={seed}"] if seed is not None else []),
-            *([f"chaos.rl_steps={steps}"] if steps else [])]  # fmt: skip
+    user = [
+        *(overrides or []),
+        *([f"chaos.seed={seed}"] if seed is not None else []),
+        *([f"chaos.rl_steps={steps}"] if steps else []),
+    ]
     first = read_config(config, [*CHAOS_DEFAULTS, *user])
     name = f"chaos-s{first.chaos.seed}-{uuid.uuid4().hex[:6]}"
     extra = [*CHAOS_DEFAULTS, *chaos_overrides(first, name), *user]
@@ -252,10 +259,14 @@ async def _drive(cfg: Config, paths: LearningPaths, run: str, pipeline: Supervis
 
 def _progress() -> Progress:
     return Progress(
-        TextColumn("[bold]chaos[/] groups"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-        TextColumn("step {task.fields[step]}"), TextColumn("killed: {task.fields[kills]}"),
-        TimeElapsedColumn(), console=console,
-    )  # fmt: skip
+        TextColumn("[bold]chaos[/] groups"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("step {task.fields[step]}"),
+        TextColumn("killed: {task.fields[kills]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
 
 
 async def _take(consumer: EventConsumer, run: str, ledger: GroupLedger, live: Live) -> None:
@@ -272,8 +283,16 @@ async def _take(consumer: EventConsumer, run: str, ledger: GroupLedger, live: Li
             ledger.record(event.data)
 
 
-async def _drain(cfg: Config, consumer: EventConsumer, run: str, ledger: GroupLedger, live: Live,
-                 pipeline: Supervisor, progress: Progress, bar: object) -> float:  # fmt: skip
+async def _drain(
+    cfg: Config,
+    consumer: EventConsumer,
+    run: str,
+    ledger: GroupLedger,
+    live: Live,
+    pipeline: Supervisor,
+    progress: Progress,
+    bar: object,
+) -> float:
     """Wait until every requested trajectory has finished (infra re-runs included)."""
     began = time.monotonic()
     quiet_since = time.monotonic()
@@ -308,8 +327,9 @@ async def _wait_for_sink(cfg: Config, run: str, finished: int, pipeline: Supervi
     console.print("[yellow]the sink did not catch up in time: SQL counts are partial[/]")
 
 
-def summarise(topics: Records, sql: Records, loads: list[int], chaos: Chaos, restarts: dict[str, int],
-              live: Live) -> dict[str, object]:  # fmt: skip
+def summarise(
+    topics: Records, sql: Records, loads: list[int], chaos: Chaos, restarts: dict[str, int], live: Live
+) -> dict[str, object]:
     """The final figures: the headline keys (worst of topics and SQL) and each source's counts."""
     t_traj, s_traj = (
         count_trajectories(topics.requested, topics.finishes),
@@ -322,24 +342,39 @@ def summarise(topics: Records, sql: Records, loads: list[int], chaos: Chaos, res
     finished = min(t_traj.finished, s_traj.finished)
     killed = {target: sum(k.target == target for k in chaos.done) for target in (*PROCESSES, "broker")}
     return {
-        "requested": t_traj.requested, "finished": finished,
-        "lost": max(t_traj.lost, s_traj.lost), "duplicated": max(t_traj.duplicated, s_traj.duplicated),
-        "infra_injected": t_infra.injected, "infra_recorded": s_infra.injected - s_infra.injected_unrecorded,
+        "requested": t_traj.requested,
+        "finished": finished,
+        "lost": max(t_traj.lost, s_traj.lost),
+        "duplicated": max(t_traj.duplicated, s_traj.duplicated),
+        "infra_injected": t_infra.injected,
+        "infra_recorded": s_infra.injected - s_infra.injected_unrecorded,
         "infra_errors_scored": max(t_infra.scored, s_infra.scored),
         "groups_trained_twice": max(t_train.trained_twice, s_train.trained_twice),
         "groups_skipped": max(t_train.skipped, s_train.skipped),
         "groups_out_of_order": max(t_train.out_of_order, s_train.out_of_order),
-        "versions_published": versions.published, "versions_loaded": versions.loaded,
-        "last_published": versions.last_published, "last_loaded": versions.last_loaded,
-        "killed": killed, "restarts": restarts, "broker_restarted": chaos.broker_restarted,
+        "versions_published": versions.published,
+        "versions_loaded": versions.loaded,
+        "last_published": versions.last_published,
+        "last_loaded": versions.last_loaded,
+        "killed": killed,
+        "restarts": restarts,
+        "broker_restarted": chaos.broker_restarted,
         "drain_s": live.drain_s,
-        "topics": {"trajectories": _plain(t_traj), "infra": asdict(t_infra), "training": asdict(t_train),
-                   "sandbox_failed_injected": topics.sandbox_failed_injected,
-                   "versions_generated": versions.generated},
-        "sql": {"trajectories": _plain(s_traj), "infra": asdict(s_infra), "training": asdict(s_train),
-                "versions_published": len(set(sql.published))},
+        "topics": {
+            "trajectories": _plain(t_traj),
+            "infra": asdict(t_infra),
+            "training": asdict(t_train),
+            "sandbox_failed_injected": topics.sandbox_failed_injected,
+            "versions_generated": versions.generated,
+        },
+        "sql": {
+            "trajectories": _plain(s_traj),
+            "infra": asdict(s_infra),
+            "training": asdict(s_train),
+            "versions_published": len(set(sql.published)),
+        },
         "ratio": round(finished / t_traj.requested, 4) if t_traj.requested else None,
-    }  # fmt: skip
+    }
 
 
 def _plain(counts: object) -> dict[str, object]:

@@ -153,9 +153,11 @@ def count_infra(
         if (record is not None and _is_infra(record.outcome)) or (record is None and member in only_infra):
             scored.add(member)
     return InfraCounts(
-        recorded=len(infra), injected=len(injected),
-        injected_unrecorded=len(injected - infra), scored=len(scored),
-    )  # fmt: skip
+        recorded=len(infra),
+        injected=len(injected),
+        injected_unrecorded=len(injected - infra),
+        scored=len(scored),
+    )
 
 
 def _is_infra(outcome: str) -> bool:
@@ -214,10 +216,13 @@ def count_versions(
 ) -> VersionCounts:
     pub, load, gen = set(published), set(loaded), set(generated)
     return VersionCounts(
-        published=len(pub), loaded=len(load), generated=len(gen),
-        last_published=max(pub, default=-1), last_loaded=max(load, default=-1),
+        published=len(pub),
+        loaded=len(load),
+        generated=len(gen),
+        last_published=max(pub, default=-1),
+        last_loaded=max(load, default=-1),
         loaded_unpublished=len(load - pub),
-    )  # fmt: skip
+    )
 
 
 _LOAD = re.compile(r"weight version (\d+) -> (\d+) of run (\S+)")

@@ -51,8 +51,13 @@ def command(
     overrides: Overrides = None,
 ) -> None:
     """Base -> SFT -> RL on the learning family; pass@1 of each on held-out tasks; last line JSON."""
-    extra = [*LEARNING_DEFAULTS, f"learning.seed={seed}", *([f"learning.rl_steps={steps}"] if steps else []),
-             *isolated(f"bl{seed}-{uuid.uuid4().hex[:6]}"), *(overrides or [])]  # fmt: skip
+    extra = [
+        *LEARNING_DEFAULTS,
+        f"learning.seed={seed}",
+        *([f"learning.rl_steps={steps}"] if steps else []),
+        *isolated(f"bl{seed}-{uuid.uuid4().hex[:6]}"),
+        *(overrides or []),
+    ]
     cfg = read_config(config, extra)
     ensure_local_broker(cfg)
     config_args = [*(["--config", str(config)] if config else []), *[a for o in extra for a in ("--set", o)]]
@@ -70,9 +75,11 @@ def command(
 def isolated(name: str) -> list[str]:
     """Fresh topics and consumer groups: no request or rebalance of another run reaches this one."""
     return [
-        f'topics.prefix="{name}-"', f'rollout.consumer_group="{name}-rollout"',
-        f'streams.group_id="{name}-streams"', f'trainer.consumer_group="{name}-trainer"',
-    ]  # fmt: skip
+        f'topics.prefix="{name}-"',
+        f'rollout.consumer_group="{name}-rollout"',
+        f'streams.group_id="{name}-streams"',
+        f'trainer.consumer_group="{name}-trainer"',
+    ]
 
 
 def _run(cfg: Config, paths: LearningPaths, config_args: list[str], run: str) -> dict:
@@ -81,8 +88,9 @@ def _run(cfg: Config, paths: LearningPaths, config_args: list[str], run: str) ->
 
     def evaluate(model: Path, name: str) -> EvalResult:
         t0 = time.monotonic()
-        result = evaluate_model(cfg, model, paths.heldout_tasks, f"{run}-eval-{name}", log_dir=logs,
-                                config_args=config_args)  # fmt: skip
+        result = evaluate_model(
+            cfg, model, paths.heldout_tasks, f"{run}-eval-{name}", log_dir=logs, config_args=config_args
+        )
         timings[f"eval_{name}_s"] = round(time.monotonic() - t0, 1)
         console.print(
             f"{name}: pass@1 {result.pass1:.3f} ({result.outcomes}) in {timings[f'eval_{name}_s']} s"
@@ -103,15 +111,24 @@ def _run(cfg: Config, paths: LearningPaths, config_args: list[str], run: str) ->
         progress = asyncio_run_feed(cfg, paths, rl_run, pipeline)
     timings["rl_s"] = round(time.monotonic() - t0, 1)
     if progress.train_solved:
-        console.print(f"RL ended at step {progress.step}: every train task was solved by a whole group "
-                      "(learning.end_when_train_solved)")  # fmt: skip
+        console.print(
+            f"RL ended at step {progress.step}: every train task was solved by a whole group "
+            "(learning.end_when_train_solved)"
+        )
     rl = evaluate(latest_version_dir(cfg.weights_dir / rl_run), "rl")
     return {
-        "base_pass1": round(base.pass1, 4), "sft_pass1": round(sft.pass1, 4), "rl_pass1": round(rl.pass1, 4),
-        "rl_steps": progress.step, "seed": cfg.learning.seed, "heldout_tasks": sft.tasks,
-        "attempts": sft.attempts, "rl_groups": progress.groups_formed,
-        "rl_tasks_solved": progress.tasks_solved, "rl_ended_train_solved": progress.train_solved, **timings,
-    }  # fmt: skip
+        "base_pass1": round(base.pass1, 4),
+        "sft_pass1": round(sft.pass1, 4),
+        "rl_pass1": round(rl.pass1, 4),
+        "rl_steps": progress.step,
+        "seed": cfg.learning.seed,
+        "heldout_tasks": sft.tasks,
+        "attempts": sft.attempts,
+        "rl_groups": progress.groups_formed,
+        "rl_tasks_solved": progress.tasks_solved,
+        "rl_ended_train_solved": progress.train_solved,
+        **timings,
+    }
 
 
 def asyncio_run_feed(cfg: Config, paths: LearningPaths, run_id: str, pipeline: Supervisor):  # type: ignore[no-untyped-def]
@@ -122,8 +139,10 @@ def asyncio_run_feed(cfg: Config, paths: LearningPaths, run_id: str, pipeline: S
     def show(progress) -> None:  # type: ignore[no-untyped-def]
         if progress.step != last[0]:
             last[0] = progress.step
-            console.print(f"RL step {progress.step}: {progress.groups_formed} groups formed, "
-                          f"{progress.groups_submitted} submitted, "
-                          f"{progress.tasks_solved} tasks solved")  # fmt: skip
+            console.print(
+                f"RL step {progress.step}: {progress.groups_formed} groups formed, "
+                f"{progress.groups_submitted} submitted, "
+                f"{progress.tasks_solved} tasks solved"
+            )
 
     return asyncio.run(feed_until_trained(cfg, paths, run_id, pipeline, show))

@@ -63,8 +63,10 @@ def derived_records(cfg: Config, trajectories: int, group_size: int, tokens: int
     out: Batch = []
     groups = 0
     for g in range(max(1, trajectories // group_size)):
-        specs = [replace(s, output_tokens=tokens, observation_tokens=tokens)
-                 for s in random_attempts(rng, group_size, max_turns=8)]  # fmt: skip
+        specs = [
+            replace(s, output_tokens=tokens, observation_tokens=tokens)
+            for s in random_attempts(rng, group_size, max_turns=8)
+        ]
         for event in group_events("bench-run", f"bench-run/g{g:06d}", specs, t0_ns=time.time_ns()):
             buffer.observe(event, processor.groups)
             emits = [o for o in buffer.release(processor.feed(event)) if isinstance(o, Emit)]
@@ -214,22 +216,36 @@ def command(
         total = asyncio.run(produce(cfg, batch))
         raw = asyncio.run(raw_rate(cfg, total))
         console.print(f"raw consumer: {total} records at {raw:,.0f}/s")
-        settings = [f'topics.prefix="{prefix}"', f'kafka.bootstrap="{cfg.kafka.bootstrap}"',
-                    f'run.state_dir="{cfg.state_dir}"']  # fmt: skip
+        settings = [
+            f'topics.prefix="{prefix}"',
+            f'kafka.bootstrap="{cfg.kafka.bootstrap}"',
+            f'run.state_dir="{cfg.state_dir}"',
+        ]
         args = [sys.executable, "-c", MONITOR, "--port", str(port), *(a for s in settings for a in ("-s", s))]
         monitor = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         ours = monitor_rate(url, total, poll_s, timeout_s=600)
         console.print(f"monitor: {total} records at {ours:,.0f}/s")
-        live = derived_records(cfg, max(group_size, int(per_hour * seconds / 3600)), group_size, tokens,
-                               groups_per_step)  # fmt: skip
+        live = derived_records(
+            cfg, max(group_size, int(per_hour * seconds / 3600)), group_size, tokens, groups_per_step
+        )
         lags = asyncio.run(lag_run(cfg, url, live, per_hour, poll_s))
-        console.print(f"lag at {per_hour:,.0f} trajectories/h over {len(lags)} trajectories: "
-                      f"p50 {percentile(lags, 0.5):.3f}s, p99 {percentile(lags, 0.99):.3f}s")  # fmt: skip
+        console.print(
+            f"lag at {per_hour:,.0f} trajectories/h over {len(lags)} trajectories: "
+            f"p50 {percentile(lags, 0.5):.3f}s, p99 {percentile(lags, 0.99):.3f}s"
+        )
     finally:
         if monitor is not None:
             monitor.send_signal(signal.SIGTERM)
             monitor.wait(timeout=60)
         asyncio.run(delete_prefixed(cfg))
     p99 = percentile(lags, 0.99)
-    print(json.dumps({"events_per_s": round(ours, 1), "raw_events_per_s": round(raw, 1),
-                      "ratio": round(ours / raw, 4), "lag_p99_s": round(p99, 3)}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "events_per_s": round(ours, 1),
+                "raw_events_per_s": round(raw, 1),
+                "ratio": round(ours / raw, 4),
+                "lag_p99_s": round(p99, 3),
+            }
+        )
+    )

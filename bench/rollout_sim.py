@@ -131,17 +131,19 @@ def bench_config(cfg: Config, concurrency: int) -> Config:
     from rollstream.launcher.kafka import ensure_up
 
     bootstrap = ensure_up(cfg)
-    return cfg.with_overrides([
-        f'kafka.bootstrap="{bootstrap}"',
-        f'topics.prefix="bench-rollout-sim-{uuid.uuid4().hex[:8]}-"',
-        f"rollout.concurrency={concurrency}",
-        "rollout.drain_timeout_s=0",  # measured before the stop: episodes still running are not figures
-        f"sandbox.pool.max_running={concurrency}",
-        f"sandbox.pool.max_starting={concurrency}",
-        "sandbox.pool.warm_pool=0",
-        'sandbox.backend="simulated"',
-        f"client.max_in_flight={max(concurrency, cfg.client.max_in_flight)}",
-    ])  # fmt: skip
+    return cfg.with_overrides(
+        [
+            f'kafka.bootstrap="{bootstrap}"',
+            f'topics.prefix="bench-rollout-sim-{uuid.uuid4().hex[:8]}-"',
+            f"rollout.concurrency={concurrency}",
+            "rollout.drain_timeout_s=0",  # measured before the stop: episodes still running are not figures
+            f"sandbox.pool.max_running={concurrency}",
+            f"sandbox.pool.max_starting={concurrency}",
+            "sandbox.pool.warm_pool=0",
+            'sandbox.backend="simulated"',
+            f"client.max_in_flight={max(concurrency, cfg.client.max_in_flight)}",
+        ]
+    )
 
 
 def make_task_root(root: Path) -> TaskRef:
@@ -174,13 +176,22 @@ def simulated_services(
         return Verdict(reward, {"test_sim": reward == 1.0}, {}, seconds)
 
     policy = SimulatedPolicy(
-        chat, script, submit_command=cfg.agent.submit_command, time_scale=profile.time_scale,
+        chat,
+        script,
+        submit_command=cfg.agent.submit_command,
+        time_scale=profile.time_scale,
         on_work=meter.credit,
-    )  # fmt: skip
+    )
     return EpisodeServices(
-        policy=policy, sandboxes=pool, verifier=verify, chat=chat, agent=cfg.agent, backend="simulated",
-        source="bench-rollout-sim", command_timeout_s=cfg.sandbox.limits.command_timeout_s,
-    )  # fmt: skip
+        policy=policy,
+        sandboxes=pool,
+        verifier=verify,
+        chat=chat,
+        agent=cfg.agent,
+        backend="simulated",
+        source="bench-rollout-sim",
+        command_timeout_s=cfg.sandbox.limits.command_timeout_s,
+    )
 
 
 async def _run(
@@ -199,15 +210,21 @@ async def _run(
             episodes_s = mean_episode_s(profile) * profile.time_scale
             needed = concurrency + math.ceil(2 * concurrency * (warmup + duration) / episodes_s) + 64
             limits = Limits(max_turns=profile.turn_cap)
-            requests = run_requests("bench-rollout-sim", [task], GROUP_SIZE, limits,
-                                    groups_per_task=math.ceil(needed / GROUP_SIZE))  # fmt: skip
+            requests = run_requests(
+                "bench-rollout-sim",
+                [task],
+                GROUP_SIZE,
+                limits,
+                groups_per_task=math.ceil(needed / GROUP_SIZE),
+            )
             await submit_requests(cfg.kafka, cfg.topics, requests)
             async with pool:
                 worker = RolloutWorker(
                     WorkerSettings(cfg.kafka, cfg.topics, cfg.rollout, cfg.policy),
-                    simulated_services(cfg, profile, meter, pool), TaskCatalog(Path(tmp)),
+                    simulated_services(cfg, profile, meter, pool),
+                    TaskCatalog(Path(tmp)),
                     on_finished=meter.episode_finished,
-                )  # fmt: skip
+                )
                 start, end = await _measure(worker, meter, warmup, duration)
     finally:
         await _delete_topics(cfg)
@@ -225,9 +242,11 @@ async def _measure(
         return Snapshot(now, cpu, meter.work_s(now), meter.finished, worker.events_written)
 
     columns = (
-        TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
         TextColumn("{task.fields[info]}"),
-    )  # fmt: skip
+    )
     with Progress(*columns, console=console, transient=True) as progress:
         bar = progress.add_task("warm-up", total=warmup + duration, info="")
         began = time.monotonic()
@@ -248,8 +267,14 @@ async def _measure(
     return start, end
 
 
-def _figures(profile: WorkloadProfile, concurrency: int, start: Snapshot, end: Snapshot, meter: WorkMeter,
-             submitted: int) -> dict[str, object]:  # fmt: skip
+def _figures(
+    profile: WorkloadProfile,
+    concurrency: int,
+    start: Snapshot,
+    end: Snapshot,
+    meter: WorkMeter,
+    submitted: int,
+) -> dict[str, object]:
     window_unscaled = (end.wall - start.wall) / profile.time_scale
     effective_concurrency = (end.work_s - start.work_s) / window_unscaled
     mean_s = mean_episode_s(profile)

@@ -46,9 +46,14 @@ RUN = "bench-trainer"
 
 def _spec(cfg: Config, groups: int, tokens: int, group_size: int) -> GroupLogSpec:
     return GroupLogSpec(
-        run_id=RUN, groups=groups, group_size=group_size, prompt_tokens=tokens // 8,
-        output_tokens=tokens - tokens // 8, vocab_size=cfg.model.vocab_size, versions_per_group=0.0,
-    )  # fmt: skip
+        run_id=RUN,
+        groups=groups,
+        group_size=group_size,
+        prompt_tokens=tokens // 8,
+        output_tokens=tokens - tokens // 8,
+        vocab_size=cfg.model.vocab_size,
+        versions_per_group=0.0,
+    )
 
 
 def _batches(records: list[tuple[str, Event]], per_step: int) -> list[list[TrainSample]]:
@@ -67,13 +72,24 @@ async def _ours(cfg: Config, base: Path, records: list[tuple[str, Event]], steps
                 await producer.send(topic, event)
         with tempfile.TemporaryDirectory(prefix="bench-trainer-") as scratch:
             model = load_model(base)
-            target = RunTarget(RUN, base, Path(scratch) / "weights", Path(scratch) / "checkpoint.pt",
-                               model.config, dataclasses.asdict(model.config))  # fmt: skip
+            target = RunTarget(
+                RUN,
+                base,
+                Path(scratch) / "weights",
+                Path(scratch) / "checkpoint.pt",
+                model.config,
+                dataclasses.asdict(model.config),
+            )
             trainer = RlTrainer(
-                cfg.kafka, topics, cfg.trainer, max_staleness=-1, target=target,
-                backend=TorchBackend(model, cfg.trainer, lr=cfg.trainer.lr), state=TrainerState(0, 0),
+                cfg.kafka,
+                topics,
+                cfg.trainer,
+                max_staleness=-1,
+                target=target,
+                backend=TorchBackend(model, cfg.trainer, lr=cfg.trainer.lr),
+                state=TrainerState(0, 0),
                 max_steps=steps,
-            )  # fmt: skip
+            )
             await trainer.run(asyncio.Event())
         events = await read_topic(cfg.kafka, topics, "trainer.steps")
     finally:
@@ -85,9 +101,11 @@ async def _ours(cfg: Config, base: Path, records: list[tuple[str, Event]], steps
     return {
         "tokens_per_s": sum(s.tokens for s in timed) / wall,
         "step_s": wall / len(timed),
-        **{f"{phase}_share": sum(getattr(s.times, f"{phase}_s") for s in timed) / total
-           for phase in ("wait", "logprob", "update", "publish")},
-    }  # fmt: skip
+        **{
+            f"{phase}_share": sum(getattr(s.times, f"{phase}_s") for s in timed) / total
+            for phase in ("wait", "logprob", "update", "publish")
+        },
+    }
 
 
 def _plain(cfg: Config, base: Path, batches: list[list[TrainSample]], steps: int) -> float:
@@ -124,8 +142,10 @@ def command(
         for round_no in range(1, rounds + 1):
             ours.append(asyncio.run(_ours(cfg, base, records, steps)))
             plain.append(_plain(cfg, base, batches, steps))
-            console.print(f"round {round_no}: trainer {ours[-1]['tokens_per_s']:,.0f} tokens/s, "
-                          f"plain {plain[-1]:,.0f} tokens/s")  # fmt: skip
+            console.print(
+                f"round {round_no}: trainer {ours[-1]['tokens_per_s']:,.0f} tokens/s, "
+                f"plain {plain[-1]:,.0f} tokens/s"
+            )
     figures = {key: statistics.median(r[key] for r in ours) for key in ours[0]}
     result = {
         "tokens_per_s": round(figures["tokens_per_s"], 1),

@@ -19,6 +19,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
 @app.callback()
 def main() -> None:
     """Asynchronous RL for software-engineering agents, event-sourced on Apache Kafka."""

@@ -91,11 +91,14 @@ class LearningSettings(Frozen):
         default=True, description="a train task one group solved in every attempt sits out of RL's feed"
     )
     retired_return_rounds: int = Field(
-        default=0, ge=0, description="rounds of the train split a solved task sits out, doubled each "
+        default=0,
+        ge=0,
+        description="rounds of the train split a solved task sits out, doubled each "
         "further time it is solved; 0: for good (1 on seed 2 cost 64% more groups and gained nothing)",
     )
     end_when_train_solved: bool = Field(
-        default=True, description="end RL before rl_steps once every train task sits out, solved by a "
+        default=True,
+        description="end RL before rl_steps once every train task sits out, solved by a "
         "whole group: what is left are zero-variance groups (seed 2: ~1 min a step against ~20 s)",
     )
     rl_groups_ahead: int = Field(
@@ -213,4 +216,3 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None) ->
 
 def _deep_copy(tree: dict[str, Any]) -> dict[str, Any]:
     return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in tree.items()}
-

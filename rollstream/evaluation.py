@@ -98,11 +98,16 @@ async def _evaluate(
     ):
         services = episode_services(cfg, client, pool, chat)
         result = await evaluate(
-            run_id, load_tasks(tasks_dir), cfg.eval.attempts,
-            services=services, sink=KafkaEventSink(producer),
-            limits=limits_of(cfg.policy), concurrency=cfg.eval.concurrency,
+            run_id,
+            load_tasks(tasks_dir),
+            cfg.eval.attempts,
+            services=services,
+            sink=KafkaEventSink(producer),
+            limits=limits_of(cfg.policy),
+            concurrency=cfg.eval.concurrency,
             max_infra_reruns=cfg.eval.max_infra_reruns,
-            model_version=read_model_config(model_dir).weight_version, on_result=on_result,
-        )  # fmt: skip
+            model_version=read_model_config(model_dir).weight_version,
+            on_result=on_result,
+        )
         await producer.flush()
     return result

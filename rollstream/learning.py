@@ -54,11 +54,11 @@ LEARNING_DEFAULTS = (
     "rollout.concurrency=32",
     "sandbox.pool.warm_pool=4",
     "policy.max_staleness=2",
-    "policy.overlong=\"zero\"",  # a truncated episode is a failure here (garbage, loops): train on it
+    'policy.overlong="zero"',  # a truncated episode is a failure here (garbage, loops): train on it
     "agent.temperature=0.7",
     "trainer.lr=5e-5",  # at 3e-4 seed 1 went from reading the tests to blind guesses in 5 steps
     "trainer.updates_per_step=4",
-    "trainer.loss_aggregation=\"seq_mean_token_mean\"",
+    'trainer.loss_aggregation="seq_mean_token_mean"',
     "trainer.sft_publish_every=1000000",
 )
 
@@ -128,8 +128,18 @@ def _kept_recipe(directory: Path, recipe: dict[str, Any]) -> dict[str, object] |
 def collect_expert(cfg: Config, paths: LearningPaths, run_id: str, pipeline: Supervisor) -> None:
     """The scripted expert's rollouts of the train split, through a rollout worker and a stream worker."""
     pipeline.start("expert-worker", ["worker"])
-    pipeline.start("expert-rollout", ["rollout", "--policy", "expert", "--tasks", str(paths.train_tasks),
-                                      "--model", str(paths.base_model)])  # fmt: skip
+    pipeline.start(
+        "expert-rollout",
+        [
+            "rollout",
+            "--policy",
+            "expert",
+            "--tasks",
+            str(paths.train_tasks),
+            "--model",
+            str(paths.base_model),
+        ],
+    )
     refs = task_refs(paths.train_tasks)
     groups = cfg.learning.expert_groups_per_task
     requests = run_requests(
@@ -150,8 +160,21 @@ def build_sft_model(cfg: Config, paths: LearningPaths, expert_run: str, config_a
         ["replay", "--run", expert_run, "--dataset", "sft", "--out", str(dataset), *config_args, *model_arg]
     )
     sft_run = f"{expert_run}-sft"
-    _run_cli(["train", "--sft", str(dataset), "--out", str(work / "weights"), "--run", sft_run,
-              "--epochs", str(cfg.learning.sft_epochs), *config_args, *model_arg])  # fmt: skip
+    _run_cli(
+        [
+            "train",
+            "--sft",
+            str(dataset),
+            "--out",
+            str(work / "weights"),
+            "--run",
+            sft_run,
+            "--epochs",
+            str(cfg.learning.sft_epochs),
+            *config_args,
+            *model_arg,
+        ]
+    )
     last = latest_version_dir(work / "weights" / sft_run)
     staged = paths.sft_model.with_name(paths.sft_model.name + ".partial")
     shutil.rmtree(staged, ignore_errors=True)
@@ -231,26 +254,43 @@ class RlProgress:
 ProgressFn = Callable[[RlProgress], None]
 
 
-def start_rl_processes(cfg: Config, paths: LearningPaths, run_id: str, start_model: Path, steps: int,
-                       pipeline: Supervisor, *, with_sink: bool) -> str:  # fmt: skip
+def start_rl_processes(
+    cfg: Config,
+    paths: LearningPaths,
+    run_id: str,
+    start_model: Path,
+    steps: int,
+    pipeline: Supervisor,
+    *,
+    with_sink: bool,
+) -> str:
     """Engine (following `weights` of `run_id`), stream worker, rollout worker, trainer; the engine URL."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     model_arg = ["--set", f'model.path="{start_model}"']
-    pipeline.start("engine", ["engine", "serve", "--model", str(start_model), "--port", str(port),
-                              "--follow-weights", run_id])  # fmt: skip
+    pipeline.start(
+        "engine",
+        ["engine", "serve", "--model", str(start_model), "--port", str(port), "--follow-weights", run_id],
+    )
     asyncio.run(wait_for_engine(url, cfg.eval.engine_start_timeout_s, pipeline.check_alive))
     pipeline.start("worker", ["worker"])
     if with_sink:
         pipeline.start("sink", ["sink"])
-    pipeline.start("rollout", ["rollout", "--tasks", str(paths.train_tasks), "--engine", url,
-                               "--model", str(start_model)])  # fmt: skip
+    pipeline.start(
+        "rollout",
+        ["rollout", "--tasks", str(paths.train_tasks), "--engine", url, "--model", str(start_model)],
+    )
     pipeline.start("trainer", ["train", "--run", run_id, "--steps", str(steps), *model_arg], completes=True)
     return url
 
 
-async def feed_until_trained(cfg: Config, paths: LearningPaths, run_id: str, pipeline: Supervisor,
-                             on_progress: ProgressFn | None = None) -> RlProgress:  # fmt: skip
+async def feed_until_trained(
+    cfg: Config,
+    paths: LearningPaths,
+    run_id: str,
+    pipeline: Supervisor,
+    on_progress: ProgressFn | None = None,
+) -> RlProgress:
     """Submit groups of train tasks until the trainer exits, keeping at most `rl_groups_ahead` groups
     unsettled (requested but neither trained on nor dropped), so no work waits long enough to go stale.
     Tasks come from `TaskPicker` (solved ones sitting out: `learning.retire_solved_tasks`,
@@ -317,16 +357,30 @@ class GroupLedger:
         return RlProgress(self.step, self.formed, self.submitted, tasks_solved, train_solved)
 
 
-async def submit_next_group(cfg: Config, producer: EventProducer, run_id: str, refs: list[TaskRef],
-                            picker: TaskPicker, source: str = "learning") -> str:  # fmt: skip
+async def submit_next_group(
+    cfg: Config,
+    producer: EventProducer,
+    run_id: str,
+    refs: list[TaskRef],
+    picker: TaskPicker,
+    source: str = "learning",
+) -> str:
     """`group_size` requests for the task `picker` chooses; the group's id."""
     task, index = picker.next()
     group = group_id(run_id, refs[task].task_id, index)
     picker.requested(group, task)
     size = cfg.policy.group_size
     for attempt in range(size):
-        event = request_event(run_id=run_id, group=group, task=refs[task], attempt=attempt, retry=0,
-                              group_size=size, limits=limits_of(cfg.policy), source=source)  # fmt: skip
+        event = request_event(
+            run_id=run_id,
+            group=group,
+            task=refs[task],
+            attempt=attempt,
+            retry=0,
+            group_size=size,
+            limits=limits_of(cfg.policy),
+            source=source,
+        )
         await producer.send("rollout.requests", event)
     return group
 

@@ -39,10 +39,15 @@ def process_table(statuses: Sequence[ProcessStatus]) -> Table:
     for s in statuses:
         beat = "-" if s.heartbeat_age_s is None else f"{s.heartbeat_age_s:.1f}s ago"
         table.add_row(
-            s.name, str(s.pid or "-"), f"[{_STATE_STYLE[s.state]}]{s.state}[/]", str(s.restarts),
-            "-" if s.last_exit is None else str(s.last_exit), beat, f"{s.uptime_s:.0f}s",
+            s.name,
+            str(s.pid or "-"),
+            f"[{_STATE_STYLE[s.state]}]{s.state}[/]",
+            str(s.restarts),
+            "-" if s.last_exit is None else str(s.last_exit),
+            beat,
+            f"{s.uptime_s:.0f}s",
             s.last_reason or "-",
-        )  # fmt: skip
+        )
     return table
 
 
@@ -50,8 +55,13 @@ def _trajectories(view: RunView) -> Table:
     table = Table(title="trajectories", title_justify="left")
     table.add_column("")
     table.add_column("n", justify="right")
-    rows = (("requested", len(view.requested)), ("queued", view.queued), ("in flight", view.in_flight),
-            ("slots", view.slots or "-"), ("finished", len(view.finished)))  # fmt: skip
+    rows = (
+        ("requested", len(view.requested)),
+        ("queued", view.queued),
+        ("in flight", view.in_flight),
+        ("slots", view.slots or "-"),
+        ("finished", len(view.finished)),
+    )
     for name, value in rows:
         table.add_row(name, str(value))
     return table
@@ -82,15 +92,23 @@ def _groups(view: RunView) -> Table:
 
 
 def _steps(view: RunView, shown: int) -> Table:
-    table = Table(title=f"trainer steps ({len(view.steps)}; versions published {len(view.versions)})",
-                  title_justify="left")  # fmt: skip
+    table = Table(
+        title=f"trainer steps ({len(view.steps)}; versions published {len(view.versions)})",
+        title_justify="left",
+    )
     for column in ("step", "version", "reward mean", "grad norm", "|Δlogprob|", "ESS", "groups", "time"):
         table.add_column(column, justify="right")
     for row in view.recent_steps(shown):
         table.add_row(
-            str(row.step), str(row.version), f"{row.reward_mean:.3f}", f"{row.grad_norm:.3f}",
-            f"{row.logprob_diff:.4f}", f"{row.ess:.3f}", str(row.groups), f"{row.total_s:.1f}s",
-        )  # fmt: skip
+            str(row.step),
+            str(row.version),
+            f"{row.reward_mean:.3f}",
+            f"{row.grad_norm:.3f}",
+            f"{row.logprob_diff:.4f}",
+            f"{row.ess:.3f}",
+            str(row.groups),
+            f"{row.total_s:.1f}s",
+        )
     return table
 
 

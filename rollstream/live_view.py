@@ -125,9 +125,16 @@ class RunView:
             self.groups[event.group_id] = data.dropped
         elif isinstance(data, TrainerStep) and data.mode == "rl":
             self.steps[data.step] = StepRow(
-                data.step, data.version, data.reward_mean, data.grad_norm, data.mean_logprob_diff,
-                data.ess, data.groups, data.trajectories, data.times.total_s,
-            )  # fmt: skip
+                data.step,
+                data.version,
+                data.reward_mean,
+                data.grad_norm,
+                data.mean_logprob_diff,
+                data.ess,
+                data.groups,
+                data.trajectories,
+                data.times.total_s,
+            )
         elif isinstance(data, WeightsPublished):
             self.versions[data.version] = data.step
         return True

@@ -24,6 +24,7 @@ __all__ = ["Pipeline", "ProcessExitedError"]  # `rollstream.supervisor.Superviso
 
 _PR_SET_PDEATHSIG = 1
 
+
 def _die_with_parent() -> None:
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -39,9 +40,7 @@ class Pipeline:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = (self.log_dir / f"{name}.log").open("ab")
         command = [sys.executable, "-m", "rollstream", *args, *self.config_args]
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
-        )
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         log.close()
         self.processes[name] = process
         return process

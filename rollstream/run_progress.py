@@ -21,9 +21,13 @@ from streams.bus import EventConsumer, read_topic
 
 def _progress() -> Progress:
     return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[note]}"), console=console,
-    )  # fmt: skip
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[note]}"),
+        console=console,
+    )
 
 
 async def wait_for_groups(
@@ -53,8 +57,11 @@ async def wait_for_groups(
                         finished.add(event.trajectory_id)
                     elif event.type == "group.formed" and event.group_id:
                         groups[event.group_id] = event.data.dropped or "kept"  # type: ignore[attr-defined]
-                progress.update(bar_t, completed=min(len(finished), expected_trajectories),
-                                note=f"{len(finished)} incl. re-runs")
+                progress.update(
+                    bar_t,
+                    completed=min(len(finished), expected_trajectories),
+                    note=f"{len(finished)} incl. re-runs",
+                )
                 kept = sum(1 for v in groups.values() if v == "kept")
                 progress.update(bar_g, completed=len(groups), note=f"{kept} kept")
 

@@ -222,10 +222,15 @@ class Supervisor:
         alive = child.state is State.RUNNING
         age = beat_age_s(self._beat_file(child.name), child.started_at) if alive and child.heartbeat else None
         return ProcessStatus(
-            name=child.name, pid=child.popen.pid if alive else None, state=child.state,
-            restarts=child.restarts, last_exit=child.last_exit, heartbeat_age_s=age,
-            uptime_s=now - child.started_mono if alive else 0.0, last_reason=child.reason,
-        )  # fmt: skip
+            name=child.name,
+            pid=child.popen.pid if alive else None,
+            state=child.state,
+            restarts=child.restarts,
+            last_exit=child.last_exit,
+            heartbeat_age_s=age,
+            uptime_s=now - child.started_mono if alive else 0.0,
+            last_reason=child.reason,
+        )
 
     # ---- the watcher ----
     def _watch(self) -> None:
@@ -309,9 +314,14 @@ class Supervisor:
         started_at = time.time()
         with (self.log_dir / f"{name}.log").open("ab") as log:
             popen = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=env, process_group=0, preexec_fn=_die_with_parent,
-            )  # fmt: skip
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                process_group=0,
+                preexec_fn=_die_with_parent,
+            )
         return _Child(name, list(args), heartbeat, popen, started_at, time.monotonic())
 
     def _note(self, name: str, message: str) -> None:

@@ -8,5 +8,6 @@ $RS kafka up
 $RS postgres up
 trap '$RS postgres down || true; $RS kafka down || true' EXIT
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 $RS tasks default
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -220,10 +220,16 @@ class StreamWorker:
     def _dead_letter(self, record: Consumed, rejected: Rejected) -> Event:
         event = rejected.event
         return dead_letter(
-            topic_name(self.topics, record.topic), record.partition, record.offset, event.key,
-            encode_event(event), reason=rejected.reason, consumer=self.name, group_id=event.group_id,
+            topic_name(self.topics, record.topic),
+            record.partition,
+            record.offset,
+            event.key,
+            encode_event(event),
+            reason=rejected.reason,
+            consumer=self.name,
+            group_id=event.group_id,
             time_ns=self.clock_ns(),
-        )  # fmt: skip
+        )
 
     def commit_offsets(self) -> dict[tuple[str, int], int]:
         """Per partition: the first offset of the oldest open group there, else past the last consumed."""

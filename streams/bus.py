@@ -165,8 +165,15 @@ def collector_paused() -> Iterator[None]:
 
 def dead_letter_event(record: ConsumerRecord[bytes, bytes], reason: str, consumer: str) -> Event:
     """The `deadletter.record` event for a record that could not be read."""
-    return dead_letter(record.topic, record.partition, record.offset, record.key, record.value or b"",
-                       reason=reason, consumer=consumer)  # fmt: skip
+    return dead_letter(
+        record.topic,
+        record.partition,
+        record.offset,
+        record.key,
+        record.value or b"",
+        reason=reason,
+        consumer=consumer,
+    )
 
 
 def dead_letter(
@@ -265,9 +272,14 @@ async def read_topic_ids(
 
 
 async def read_topic_since(
-    kafka: KafkaSettings, topics: TopicSettings, short: str, since_ms: int, *, marker: bytes = b"",
+    kafka: KafkaSettings,
+    topics: TopicSettings,
+    short: str,
+    since_ms: int,
+    *,
+    marker: bytes = b"",
     idle_s: float = 1.0,
-) -> list[Consumed]:  # fmt: skip
+) -> list[Consumed]:
     """Every decodable record of `short` written at or after `since_ms` (record timestamps, ms since
     the epoch) up to its end as of the call; with `marker`, only records whose raw bytes contain it
     (a cheap filter before decoding)."""

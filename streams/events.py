@@ -77,6 +77,7 @@ ROLLOUT_EVENT_TYPES = (
 TYPE_OF: dict[type[Payload], str] = {cls: name for name, cls in PAYLOADS.items()}
 CURRENT_VERSIONS: dict[str, int] = {kind: payload.SCHEMA_VERSION for kind, payload in PAYLOADS.items()}
 
+
 # (type, version written) -> function turning that version's `data` dict into the next version's.
 def _trainer_step_v1(data: dict[str, Any]) -> dict[str, Any]:
     """v1 kept the time split as a free-form dict; v2 types it (unknown keys are dropped)."""
@@ -120,9 +121,19 @@ class Event(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     ENVELOPE_FIELDS: ClassVar[tuple[str, ...]] = (
-        "id", "type", "schema_version", "run_id", "group_id", "trajectory_id", "task_id",
-        "seq", "policy_version", "time_ns", "source", "causation_id",
-    )  # fmt: skip
+        "id",
+        "type",
+        "schema_version",
+        "run_id",
+        "group_id",
+        "trajectory_id",
+        "task_id",
+        "seq",
+        "policy_version",
+        "time_ns",
+        "source",
+        "causation_id",
+    )
 
     id: uuid.UUID
     type: str
@@ -243,4 +254,3 @@ def _first_errors(error: ValidationError, limit: int = 3) -> str:
         parts.append(f"{where}: {item['msg']}")
     more = error.error_count() - limit
     return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
-

@@ -132,10 +132,20 @@ def load_schema(path: Path) -> dict[str, Any]:
 
 def _envelope_dict(kind: str, version: int, data: dict[str, Any]) -> dict[str, Any]:
     return {
-        "id": str(uuid.UUID(int=1)), "type": kind, "schema_version": version, "run_id": "run",
-        "group_id": "g", "trajectory_id": "t", "task_id": "task", "seq": 0, "policy_version": 0,
-        "time_ns": 0, "source": "schema-check", "causation_id": None, "data": data,
-    }  # fmt: skip
+        "id": str(uuid.UUID(int=1)),
+        "type": kind,
+        "schema_version": version,
+        "run_id": "run",
+        "group_id": "g",
+        "trajectory_id": "t",
+        "task_id": "task",
+        "seq": 0,
+        "policy_version": 0,
+        "time_ns": 0,
+        "source": "schema-check",
+        "causation_id": None,
+        "data": data,
+    }
 
 
 # ---- instances from a JSON Schema ------------------------------------------------

@@ -21,11 +21,18 @@ from rollstream.launcher.process import free_port
 from tests.process_tree import LeakWatch
 
 SMALL = [
-    "learning.train_tasks=4", "learning.heldout_tasks=2", "learning.expert_groups_per_task=1",
-    "learning.sft_epochs=1", "learning.rl_groups_ahead=2", "eval.attempts=1", "policy.group_size=2",
-    "policy.drop_zero_variance=false", "trainer.groups_per_step=1", "rollout.concurrency=4",
+    "learning.train_tasks=4",
+    "learning.heldout_tasks=2",
+    "learning.expert_groups_per_task=1",
+    "learning.sft_epochs=1",
+    "learning.rl_groups_ahead=2",
+    "eval.attempts=1",
+    "policy.group_size=2",
+    "policy.drop_zero_variance=false",
+    "trainer.groups_per_step=1",
+    "rollout.concurrency=4",
     "sandbox.pool.warm_pool=0",
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +43,25 @@ def demo_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def demo_command(state: Path, kafka_bootstrap: str, run: str, *extra: str) -> list[str]:
     settings = [
-        *SMALL, f'run.name="{run}"', f'run.state_dir="{state}"', f'kafka.bootstrap="{kafka_bootstrap}"',
-        f'topics.prefix="t-{uuid.uuid4().hex[:8]}-"', f"monitor.port={free_port()}", *extra,
-    ]  # fmt: skip
-    return [sys.executable, "-m", "rollstream", "demo", "--steps", "1", "--timeout", "600",
-            *[a for s in settings for a in ("--set", s)]]  # fmt: skip
+        *SMALL,
+        f'run.name="{run}"',
+        f'run.state_dir="{state}"',
+        f'kafka.bootstrap="{kafka_bootstrap}"',
+        f'topics.prefix="t-{uuid.uuid4().hex[:8]}-"',
+        f"monitor.port={free_port()}",
+        *extra,
+    ]
+    return [
+        sys.executable,
+        "-m",
+        "rollstream",
+        "demo",
+        "--steps",
+        "1",
+        "--timeout",
+        "600",
+        *[a for s in settings for a in ("--set", s)],
+    ]
 
 
 def _logs(state: Path, run: str) -> str:
@@ -53,9 +74,13 @@ def test_demo_trains_and_reports(kafka_bootstrap: str, demo_state: Path, tmp_pat
     run = f"demo-test-{uuid.uuid4().hex[:6]}"
     watch = LeakWatch()
     process = subprocess.Popen(
-        demo_command(demo_state, kafka_bootstrap, run), cwd=tmp_path, env=watch.env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        demo_command(demo_state, kafka_bootstrap, run),
+        cwd=tmp_path,
+        env=watch.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     watch.follow(process.pid)
     out, err = process.communicate(timeout=900)
     watch.stop()
@@ -112,8 +137,13 @@ def _pids(root: int, needle: str) -> list[int]:
 def test_ctrl_c_stops_every_process(kafka_bootstrap: str, demo_state: Path, tmp_path: Path) -> None:
     run = f"demo-int-{uuid.uuid4().hex[:6]}"
     watch = LeakWatch()
-    process = subprocess.Popen(demo_command(demo_state, kafka_bootstrap, run), cwd=tmp_path, env=watch.env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    process = subprocess.Popen(
+        demo_command(demo_state, kafka_bootstrap, run),
+        cwd=tmp_path,
+        env=watch.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     watch.follow(process.pid)
     try:
         _wait_for(lambda: _pids(process.pid, "rollstream train --run"), 600, "the trainer to start")
@@ -134,8 +164,9 @@ def test_a_child_that_keeps_crashing_ends_the_demo_and_nothing_is_left(
     command = demo_command(
         demo_state, kafka_bootstrap, run, "supervisor.max_restarts=1", "supervisor.backoff_s=0.2"
     )
-    process = subprocess.Popen(command, cwd=tmp_path, env=watch.env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    process = subprocess.Popen(
+        command, cwd=tmp_path, env=watch.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     watch.follow(process.pid)
     try:
         killed: set[int] = set()

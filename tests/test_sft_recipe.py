@@ -21,6 +21,11 @@ def test_a_kept_sft_model_is_stale_once_the_expert_or_sft_settings_change(tmp_pa
     (paths.sft_model / SFT_RECIPE).write_text(json.dumps(sft_recipe(made_with)))
     assert sft_model_is_current(made_with, paths)
     assert sft_model_is_current(config("learning.rl_steps=3", "learning.heldout_tasks=8"), paths)
-    for changed in ("expert.test_first_rate=0.3", "expert.right_edit_rate=0.5", "learning.sft_epochs=2",
-                    "learning.expert_groups_per_task=2", "learning.train_tasks=64"):  # fmt: skip
+    for changed in (
+        "expert.test_first_rate=0.3",
+        "expert.right_edit_rate=0.5",
+        "learning.sft_epochs=2",
+        "learning.expert_groups_per_task=2",
+        "learning.train_tasks=64",
+    ):
         assert not sft_model_is_current(config(changed), paths)

@@ -305,9 +305,15 @@ class RlTrainer:
         self.seen = Counter()
         log.info(
             "step=%d version=%d loss=%.4f grad_norm=%.4f tokens=%d wait=%.2fs update=%.2fs publish=%.2fs",
-            data.step, data.version, data.loss, data.grad_norm, data.tokens, wait_s,
-            metrics.logprob_s + metrics.update_s, publish_s,
-        )  # fmt: skip
+            data.step,
+            data.version,
+            data.loss,
+            data.grad_norm,
+            data.tokens,
+            wait_s,
+            metrics.logprob_s + metrics.update_s,
+            publish_s,
+        )
 
     async def publish(self, producer: EventProducer) -> None:
         """Write the current weights as `state.version`, then announce it on `weights` and history."""
@@ -316,8 +322,9 @@ class RlTrainer:
         await publish_version(producer, self.target, self.backend, self.state, before_rename=renaming)
 
     def _phase(self, name: str, step: int | None = None) -> None:
-        log.info("phase=%s step=%d version=%d", name, self.state.step if step is None else step,
-                 self.state.version)  # fmt: skip
+        log.info(
+            "phase=%s step=%d version=%d", name, self.state.step if step is None else step, self.state.version
+        )
         if self.settings.phase_pause_s:
             time.sleep(self.settings.phase_pause_s)
 

@@ -25,9 +25,21 @@ TOKENIZER_FILE = "tokenizer.json"
 
 # Modules chosen for variety (classes, string handling, tests, CLI code); all are pure Python.
 CORPUS_MODULES = (
-    "argparse.py", "dataclasses.py", "difflib.py", "functools.py", "json/decoder.py",
-    "json/encoder.py", "pathlib/__init__.py", "pathlib.py", "shlex.py", "string.py",
-    "textwrap.py", "unittest/case.py", "subprocess.py", "configparser.py", "fractions.py",
+    "argparse.py",
+    "dataclasses.py",
+    "difflib.py",
+    "functools.py",
+    "json/decoder.py",
+    "json/encoder.py",
+    "pathlib/__init__.py",
+    "pathlib.py",
+    "shlex.py",
+    "string.py",
+    "textwrap.py",
+    "unittest/case.py",
+    "subprocess.py",
+    "configparser.py",
+    "fractions.py",
 )
 
 SHELL_SNIPPETS = """\

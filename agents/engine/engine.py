@@ -198,9 +198,7 @@ class Engine:
             self._paused = False
             self._lock.notify_all()
 
-    def update_weights(
-        self, model_dir: Path, version: int | None = None
-    ) -> concurrent.futures.Future[int]:
+    def update_weights(self, model_dir: Path, version: int | None = None) -> concurrent.futures.Future[int]:
         """Load weights (in the caller's thread) and swap them in between two steps.
 
         The future resolves to the new weight version once the swap happened."""

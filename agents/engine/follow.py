@@ -218,8 +218,12 @@ class WeightsFollower:
             self.refused[version] = str(error)
             logger.error(
                 "REFUSED weight version %d of run %s (%s): %s; engines keep their weights until a newer "
-                "version is published", version, self.run_id, published.path, error,
-            )  # fmt: skip
+                "version is published",
+                version,
+                self.run_id,
+                published.path,
+                error,
+            )
         else:
             self._verified.add(version)
 
@@ -244,8 +248,13 @@ class WeightsFollower:
         self.loads.append((target.name, version))
         logger.info(
             "%s: weight version %d -> %d of run %s (%s) in %.2fs",
-            target.name, previous, version, self.run_id, path, time.monotonic() - started,
-        )  # fmt: skip
+            target.name,
+            previous,
+            version,
+            self.run_id,
+            path,
+            time.monotonic() - started,
+        )
 
     def _retry_later(self, target: WeightsTarget, error: WeightsLoadError) -> None:
         self._retry_at[target.name] = time.monotonic() + self.settings.retry_s

@@ -61,10 +61,21 @@ def error_response(status: int, message: str, kind: str) -> web.Response:
 SUPPORTED_SAMPLING = {"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "sampling_seed"}
 # SGLang options accepted only at their defaults (they change sampling in ways we do not implement).
 DEFAULT_ONLY_SAMPLING: dict[str, object] = {
-    "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
-    "min_new_tokens": 0, "n": 1, "ignore_eos": False, "stop": None, "stop_regex": None,
-    "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None, "logit_bias": None,
-}  # fmt: skip
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_new_tokens": 0,
+    "n": 1,
+    "ignore_eos": False,
+    "stop": None,
+    "stop_regex": None,
+    "json_schema": None,
+    "regex": None,
+    "ebnf": None,
+    "structural_tag": None,
+    "logit_bias": None,
+}
 # SGLang options about detokenised text or streaming: no effect on tokens, ignored.
 IGNORED_SAMPLING = {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "stream_interval"}
 
@@ -130,11 +141,16 @@ async def generate(request: web.Request) -> web.Response:
     if body.get("stream"):
         return error_response(400, "streaming is not supported: send stream=false", "invalid_request")
     if body.get("text") is not None or not isinstance(input_ids, list) or not input_ids:
-        return error_response(400, "send one request as input_ids (a non-empty list of ints); text and "
-                              "batched input are not supported", "invalid_request")
+        return error_response(
+            400,
+            "send one request as input_ids (a non-empty list of ints); text and "
+            "batched input are not supported",
+            "invalid_request",
+        )
     if not all(isinstance(token, int) for token in input_ids):
-        return error_response(400, "input_ids must be a list of ints (batched input is not supported)",
-                              "invalid_request")
+        return error_response(
+            400, "input_ids must be a list of ints (batched input is not supported)", "invalid_request"
+        )
     try:
         params = parse_sampling(body.get("sampling_params") or {})
     except (TypeError, ValueError) as error:
@@ -204,8 +220,11 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
         return web.json_response({"success": False, "message": str(error), "num_paused_requests": 0})
     request.app[INFO_KEY].model_path = str(model_path)
     return web.json_response(
-        {"success": True, "message": f"Succeeded to update model weights (version {applied}).",
-         "num_paused_requests": 0}
+        {
+            "success": True,
+            "message": f"Succeeded to update model weights (version {applied}).",
+            "num_paused_requests": 0,
+        }
     )
 
 

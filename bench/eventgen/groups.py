@@ -62,11 +62,23 @@ def synthetic_groups(spec: GroupLogSpec) -> list[tuple[str, Event]]:
             trajectory_id = f"{group_id}-a{attempt}"
             members.append(trajectory_id)
             data = _trajectory(spec, rng, attempt, reward, version)
-            out.append(("trajectories", make_event(
-                data, run_id=spec.run_id, seq=0, time_ns=time_ns, source="synthetic", group_id=group_id,
-                trajectory_id=trajectory_id, task_id=f"task-{index}", policy_version=version,
-                id_key=f"trajectory:{trajectory_id}",
-            )))  # fmt: skip
+            out.append(
+                (
+                    "trajectories",
+                    make_event(
+                        data,
+                        run_id=spec.run_id,
+                        seq=0,
+                        time_ns=time_ns,
+                        source="synthetic",
+                        group_id=group_id,
+                        trajectory_id=trajectory_id,
+                        task_id=f"task-{index}",
+                        policy_version=version,
+                        id_key=f"trajectory:{trajectory_id}",
+                    ),
+                )
+            )
         group = GroupFormed(
             members=members,
             rewards=rewards,
@@ -75,10 +87,22 @@ def synthetic_groups(spec: GroupLogSpec) -> list[tuple[str, Event]]:
             oldest_version=version,
             policy=policy.model_dump(),
         )
-        out.append(("groups", make_event(
-            group, run_id=spec.run_id, seq=0, time_ns=time_ns, source="synthetic", group_id=group_id,
-            task_id=f"task-{index}", policy_version=version, id_key=f"group:{group_id}",
-        )))  # fmt: skip
+        out.append(
+            (
+                "groups",
+                make_event(
+                    group,
+                    run_id=spec.run_id,
+                    seq=0,
+                    time_ns=time_ns,
+                    source="synthetic",
+                    group_id=group_id,
+                    task_id=f"task-{index}",
+                    policy_version=version,
+                    id_key=f"group:{group_id}",
+                ),
+            )
+        )
     return out
 
 

@@ -80,13 +80,19 @@ def command(
         f"[bold]held-out pass@1: {before.pass1:.3f} before RL (version {before.model_version}) -> "
         f"{after.pass1:.3f} after {steps} steps (version {after.model_version})[/]"
     )
-    summary = {"run_id": run_id, "pass1_before": before.pass1, "pass1_after": after.pass1,
-               "version_before": before.model_version, "version_after": after.model_version}  # fmt: skip
+    summary = {
+        "run_id": run_id,
+        "pass1_before": before.pass1,
+        "pass1_after": after.pass1,
+        "version_before": before.model_version,
+        "version_after": after.model_version,
+    }
     print(json.dumps(summary))
 
 
-def _run(cfg: Config, run_id: str, steps: int, timeout_s: float, config_args: list[str], run_dir: Path
-         ) -> tuple[EvalResult, EvalResult]:  # fmt: skip
+def _run(
+    cfg: Config, run_id: str, steps: int, timeout_s: float, config_args: list[str], run_dir: Path
+) -> tuple[EvalResult, EvalResult]:
     logs = run_dir / "logs"
     paths = _prepare(cfg)
     with Supervisor(logs, config_args, cfg.supervisor) as services:
@@ -99,8 +105,14 @@ def _run(cfg: Config, run_id: str, steps: int, timeout_s: float, config_args: li
         with Supervisor(logs, config_args, cfg.supervisor) as pipeline:
             url = start_rl_processes(cfg, paths, run_id, sft_model, steps, pipeline, with_sink=False)
             asyncio.run(_train_live(cfg, paths, run_id, pipeline, url, timeout_s))
-        after = _evaluate(cfg, paths, latest_version_dir(cfg.weights_dir / run_id), f"{run_id}-eval-after",
-                          logs, config_args)  # fmt: skip
+        after = _evaluate(
+            cfg,
+            paths,
+            latest_version_dir(cfg.weights_dir / run_id),
+            f"{run_id}-eval-after",
+            logs,
+            config_args,
+        )
         for run in (run_id, before.run_id, after.run_id):  # the report and SQL see every event
             asyncio.run(wait_for_sink(cfg, run, services, timeout_s=120.0))
         summarise_run(cfg, run_id, run_dir / "report")
@@ -117,16 +129,18 @@ def _prepare(cfg: Config) -> LearningPaths:
     return paths
 
 
-def _evaluate(cfg: Config, paths: LearningPaths, model: Path, run: str, logs: Path, config_args: list[str]
-              ) -> EvalResult:  # fmt: skip
+def _evaluate(
+    cfg: Config, paths: LearningPaths, model: Path, run: str, logs: Path, config_args: list[str]
+) -> EvalResult:
     with console.status(f"held-out pass@1 of {model} ({cfg.eval.attempts} attempts per task)"):
         result = evaluate_model(cfg, model, paths.heldout_tasks, run, log_dir=logs, config_args=config_args)
     console.print(f"held-out pass@1 of version {result.model_version}: {result.pass1:.3f} ({run})")
     return result
 
 
-async def _train_live(cfg: Config, paths: LearningPaths, run_id: str, pipeline: Supervisor, url: str,
-                      timeout_s: float) -> None:  # fmt: skip
+async def _train_live(
+    cfg: Config, paths: LearningPaths, run_id: str, pipeline: Supervisor, url: str, timeout_s: float
+) -> None:
     """Feed the trainer groups while the live view shows the run, until the trainer has its steps."""
     stop = asyncio.Event()
     asyncio.get_running_loop().call_later(timeout_s, stop.set)
@@ -141,8 +155,10 @@ async def _train_live(cfg: Config, paths: LearningPaths, run_id: str, pipeline: 
         with contextlib.suppress(asyncio.CancelledError):
             await feeding  # raises what the feeder raised
     if not feeding.cancelled() and feeding.result().train_solved:
-        console.print(f"RL ended at step {feeding.result().step}: every train task was solved by a whole "
-                      "group (learning.end_when_train_solved)")  # fmt: skip
+        console.print(
+            f"RL ended at step {feeding.result().step}: every train task was solved by a whole "
+            "group (learning.end_when_train_solved)"
+        )
     elif not pipeline.done("trainer"):
         raise TimeoutError(f"the trainer did not finish its steps within {timeout_s:.0f} s")
 

@@ -76,9 +76,13 @@ def serve_following(settings: Config, model_dir: Path, run: str) -> None:
     host, port = settings.engine.host, settings.engine.port
     engine = Engine(model_dir, settings.engine).start()
     follower = WeightsFollower(
-        settings.kafka, settings.topics, run, [EmbeddedTarget(engine, f"http://{host}:{port}")],
-        sync_every=settings.trainer.sync_every, settings=settings.follow,
-    )  # fmt: skip
+        settings.kafka,
+        settings.topics,
+        run,
+        [EmbeddedTarget(engine, f"http://{host}:{port}")],
+        sync_every=settings.trainer.sync_every,
+        settings=settings.follow,
+    )
     app = create_app(engine, f"http://{host}:{port}")
     app.cleanup_ctx.append(follow_in_app(follower))
     web.run_app(app, host=host, port=port, print=None)

@@ -52,9 +52,15 @@ def command(
 
         try:
             result = evaluate_model(
-                cfg, model, tasks, run_id, log_dir=cfg.state_dir / "runs" / run_id / "logs",
-                config_args=config_args, engine_url=engine, on_result=advance,
-            )  # fmt: skip
+                cfg,
+                model,
+                tasks,
+                run_id,
+                log_dir=cfg.state_dir / "runs" / run_id / "logs",
+                config_args=config_args,
+                engine_url=engine,
+                on_result=advance,
+            )
         except (EvalInfraError, EngineStartError, ProcessExitedError) as error:
             fail(str(error))
     outcomes = ", ".join(f"{k} {v}" for k, v in sorted(result.outcomes.items()))

@@ -111,10 +111,15 @@ def episode_services(cfg: Config, policy: Policy, pool: SandboxPool, chat: ChatF
         return await run_verifier(box, task, min(task.verifier_timeout_s, verifier_cap))
 
     return EpisodeServices(
-        policy=policy, sandboxes=pool, verifier=verify, chat=chat, agent=cfg.agent,
-        backend=cfg.sandbox.backend, source=worker_name(),
+        policy=policy,
+        sandboxes=pool,
+        verifier=verify,
+        chat=chat,
+        agent=cfg.agent,
+        backend=cfg.sandbox.backend,
+        source=worker_name(),
         command_timeout_s=cfg.sandbox.limits.command_timeout_s,
-    )  # fmt: skip
+    )
 
 
 def _table(worker: RolloutWorker) -> Table:

@@ -43,7 +43,10 @@ def check(directory: Directory = SCHEMA_DIR) -> None:
             problems += compatibility_problems(schema)
     problems += example_problems(directory)
     if problems:
-        fail("schemas are out of date or incompatible:\n  " + "\n  ".join(problems)
-             + "\nrun `rollstream schemas write` after making the change backward compatible "
-             "(optional fields with defaults, or bump SCHEMA_VERSION and add an upcaster)")  # fmt: skip
+        fail(
+            "schemas are out of date or incompatible:\n  "
+            + "\n  ".join(problems)
+            + "\nrun `rollstream schemas write` after making the change backward compatible "
+            "(optional fields with defaults, or bump SCHEMA_VERSION and add an upcaster)"
+        )
     console.print(f"schemas in {directory} match the models; committed records still decode")

@@ -38,8 +38,15 @@ def list_(config: ConfigPath = None, overrides: Overrides = None) -> None:
     if not topics:
         console.print(f"no Rollstream topics under prefix {cfg.topics.prefix!r}: `rollstream topics create`")
         return
-    columns = ["partitions", "leaders", "replication", "min.insync.replicas", "cleanup.policy",
-               "retention.ms", "max.message.bytes"]  # fmt: skip
+    columns = [
+        "partitions",
+        "leaders",
+        "replication",
+        "min.insync.replicas",
+        "cleanup.policy",
+        "retention.ms",
+        "max.message.bytes",
+    ]
     table = Table("topic", *columns)
     for name, info in topics.items():
         table.add_row(name, *(info.get(column, "") for column in columns))

@@ -88,9 +88,15 @@ def command(
         _run_sft(cfg, target, backend, state, resumed, sft, epochs)
         return
     trainer = RlTrainer(
-        cfg.kafka, cfg.topics, cfg.trainer, max_staleness=cfg.policy.max_staleness,
-        target=target, backend=backend, state=state, max_steps=steps,
-    )  # fmt: skip
+        cfg.kafka,
+        cfg.topics,
+        cfg.trainer,
+        max_staleness=cfg.policy.max_staleness,
+        target=target,
+        backend=backend,
+        state=state,
+        max_steps=steps,
+    )
     final = asyncio.run(_until_signal(lambda stop: trainer.run(stop)))
     console.print(f"run {run_id}: step {final.step}, version {final.version}, checkpoint {target.checkpoint}")
 
@@ -104,8 +110,11 @@ def run_target(cfg: Config, run_id: str, weights_dir: Path, checkpoint: Path) ->
         fail(f"{base_dir} is not a model directory ({error}); create it with `rollstream model init`")
     expected = ModelConfig.from_settings(cfg.model)
     if found != expected:
-        differ = {k: (v, getattr(expected, k)) for k, v in dataclasses.asdict(found).items()
-                  if v != getattr(expected, k)}  # fmt: skip
+        differ = {
+            k: (v, getattr(expected, k))
+            for k, v in dataclasses.asdict(found).items()
+            if v != getattr(expected, k)
+        }
         fail(
             f"the model directory {base_dir} does not match the config: "
             + ", ".join(f"{k}={v[0]} there, {v[1]} in the config" for k, v in differ.items())

@@ -98,8 +98,14 @@ def command(
     """Start the pipeline's processes, restart what dies or hangs, show them live; Ctrl-C stops all."""
     cfg = read_config(config, overrides)
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # retried errors would tear the live screen
-    plan = plan_processes(cfg, run=run, engines=engines, stream_workers=stream_workers,
-                          rollout_workers=rollout_workers, sink=sink)  # fmt: skip
+    plan = plan_processes(
+        cfg,
+        run=run,
+        engines=engines,
+        stream_workers=stream_workers,
+        rollout_workers=rollout_workers,
+        sink=sink,
+    )
     _check_inputs(cfg, engines, rollout_workers, needs_model=rollout_workers + engines > 0 or bool(run))
     try:
         asyncio.run(create_topics(cfg.kafka, cfg.topics))

@@ -132,8 +132,14 @@ def ensure_jars(state_dir: Path, broker: BrokerSettings) -> Path:
     staging = libs.with_name("libs.partial")
     shutil.rmtree(staging, ignore_errors=True)
     argv = [
-        mvn, "-q", "-B", "-f", str(INFRA_DIR / "pom.xml"), "dependency:copy-dependencies",
-        f"-Dkafka.version={broker.version}", f"-DoutputDirectory={staging}",
+        mvn,
+        "-q",
+        "-B",
+        "-f",
+        str(INFRA_DIR / "pom.xml"),
+        "dependency:copy-dependencies",
+        f"-Dkafka.version={broker.version}",
+        f"-DoutputDirectory={staging}",
     ]
     try:
         done = subprocess.run(
@@ -155,9 +161,7 @@ def ensure_jars(state_dir: Path, broker: BrokerSettings) -> Path:
         else:
             hint = "Maven failed"
         tail = "\n".join([line for line in output.splitlines() if line.startswith("[ERROR]")][:3])
-        raise LauncherError(
-            f"{hint} while fetching org.apache.kafka:kafka_2.13:{broker.version}.\n{tail}"
-        )
+        raise LauncherError(f"{hint} while fetching org.apache.kafka:kafka_2.13:{broker.version}.\n{tail}")
     (staging / ".version").write_text(broker.version + "\n")
     shutil.rmtree(libs, ignore_errors=True)
     staging.rename(libs)

@@ -77,22 +77,42 @@ def _boolean(results: list[object]) -> bool:
 
 KINDS: tuple[BugKind, ...] = (
     BugKind(
-        "off_by_one", lambda f, r: _numeric(r), lambda e: f"{e} + 1",
-        "s/ + 1$//", r" \+ 1$", "", lambda line: line.endswith(" + 1"),
+        "off_by_one",
+        lambda f, r: _numeric(r),
+        lambda e: f"{e} + 1",
+        "s/ + 1$//",
+        r" \+ 1$",
+        "",
+        lambda line: line.endswith(" + 1"),
     ),
     BugKind(
-        "comparison", lambda f, r: f.expr.count(" <= ") == 1, lambda e: e.replace(" <= ", " < "),
-        "s/ < / <= /", r" < ", " <= ", lambda line: " < " in line,
+        "comparison",
+        lambda f, r: f.expr.count(" <= ") == 1,
+        lambda e: e.replace(" <= ", " < "),
+        "s/ < / <= /",
+        r" < ",
+        " <= ",
+        lambda line: " < " in line,
     ),
     BugKind(
-        "negation", lambda f, r: _boolean(r), lambda e: f"not {e}",
-        "s/return not /return /", r"return not ", "return ", lambda line: "return not " in line,
+        "negation",
+        lambda f, r: _boolean(r),
+        lambda e: f"not {e}",
+        "s/return not /return /",
+        r"return not ",
+        "return ",
+        lambda line: "return not " in line,
     ),
     BugKind(
-        "min_max", lambda f, r: f.expr.count("max(") == 1, lambda e: e.replace("max(", "min("),
-        "s/min(/max(/", r"min\(", "max(", lambda line: "min(" in line,
+        "min_max",
+        lambda f, r: f.expr.count("max(") == 1,
+        lambda e: e.replace("max(", "min("),
+        "s/min(/max(/",
+        r"min\(",
+        "max(",
+        lambda line: "min(" in line,
     ),
-)  # fmt: skip
+)
 KIND_BY_NAME = {kind.name: kind for kind in KINDS}
 
 
@@ -201,10 +221,17 @@ def _task(task_id: str, module: Module, order: list[Function], buggy: Function, 
     fail_to_pass = tuple(i for i, f, n in ids if f is buggy and n in failing)
     pass_to_pass = tuple(i for i, f, n in ids if not (f is buggy and n in failing))
     task = FamilyTask(
-        id=task_id, module=module.name, function=buggy.name, kind=kind.name, lib=lib, fixed_lib=fixed,
-        tests=tests, fail_to_pass=fail_to_pass, pass_to_pass=pass_to_pass,
+        id=task_id,
+        module=module.name,
+        function=buggy.name,
+        kind=kind.name,
+        lib=lib,
+        fixed_lib=fixed,
+        tests=tests,
+        fail_to_pass=fail_to_pass,
+        pass_to_pass=pass_to_pass,
         instruction=INSTRUCTION,
-    )  # fmt: skip
+    )
     check_task(task)
     return task
 
@@ -220,8 +247,16 @@ def check_task(task: FamilyTask) -> None:
             raise FamilyError(f"{task.id}: the {kind.name} fix does not do what it should on this library")
 
 
-def write_family(out: Path, split: str, n: int, seed: int, *, python: str = "python3",
-                 verifier_timeout_s: float = 30.0, agent_timeout_s: float = 300.0) -> list[Task]:  # fmt: skip
+def write_family(
+    out: Path,
+    split: str,
+    n: int,
+    seed: int,
+    *,
+    python: str = "python3",
+    verifier_timeout_s: float = 30.0,
+    agent_timeout_s: float = 300.0,
+) -> list[Task]:
     """Write the tasks under `out` (one directory each, replacing old ones) and a `family.json`."""
     written = []
     out.mkdir(parents=True, exist_ok=True)
@@ -248,14 +283,21 @@ def _write_task(task_dir: Path, item: FamilyTask, python: str, verifier_s: float
     ids = {"fail_to_pass": list(item.fail_to_pass), "pass_to_pass": list(item.pass_to_pass)}
     (suite / "ids.json").write_text(json.dumps(ids, indent=1) + "\n")
     task = Task(
-        id=item.id, dir=task_dir, instruction=item.instruction, workspace=repo,
+        id=item.id,
+        dir=task_dir,
+        instruction=item.instruction,
+        workspace=repo,
         metadata=TaskMetadata(
-            fail_to_pass=item.fail_to_pass, pass_to_pass=item.pass_to_pass, source=f"family:{item.module}",
-            difficulty="easy", tags=("family", item.module, item.kind),
+            fail_to_pass=item.fail_to_pass,
+            pass_to_pass=item.pass_to_pass,
+            source=f"family:{item.module}",
+            difficulty="easy",
+            tags=("family", item.module, item.kind),
             mutation=f"{item.kind} in {LIB_FILE}:{item.function}",
         ),
-        verifier_timeout_s=verifier_s, agent_timeout_s=agent_s,
-    )  # fmt: skip
+        verifier_timeout_s=verifier_s,
+        agent_timeout_s=agent_s,
+    )
     fix = KIND_BY_NAME[item.kind].fix_command
     solve = f'#!/usr/bin/env bash\nset -euo pipefail\ncd "${{REPO_DIR:-$PWD}}"\n{fix}\n'
     write_task_files(task_dir, task, test_sh=TEST_SH.format(python=python), solve_sh=solve)

@@ -123,34 +123,50 @@ TRAIN_MODULES: tuple[Module, ...] = (
             F("bare", "plants", "plants == 0", ((0,), (4,))),
         ),
     ),
-    Module("travel", "Trips and distances.", (
-        F("distance", "speed, hours", "speed * hours", ((60, 2), (0, 3), (45, 4))),
-        F("within_range", "km, range_km", "km <= range_km", ((300, 400), (400, 400), (401, 400))),
-        F("farther", "a, b", "max(a, b)", ((120, 80), (30, 95))),
-        F("arrived", "left_km", "left_km == 0", ((0,), (12,))),
-        F("on_budget", "cost, budget", "cost <= budget", ((80, 100), (100, 100), (120, 100))),
-    )),
-    Module("sports", "Teams and scores.", (
-        F("goal_difference", "scored, conceded", "scored - conceded", ((5, 2), (3, 3))),
-        F("qualifies", "points, cutoff", "points >= cutoff", ((30, 30), (29, 30), (41, 30))),
-        F("winner_score", "home, away", "max(home, away)", ((2, 1), (0, 3), (2, 2))),
-        F("under_limit", "players, limit", "players <= limit", ((10, 11), (11, 11), (12, 11))),
-        F("season_points", "wins, per_win", "wins * per_win", ((7, 3), (0, 3), (4, 2))),
-    )),
-    Module("storage", "Disks and files.", (
-        F("used", "files, size", "files * size", ((30, 4), (0, 8), (5, 5))),
-        F("fits_disk", "used_gb, disk_gb", "used_gb <= disk_gb", ((400, 500), (500, 500), (501, 500))),
-        F("bigger_disk", "a, b", "max(a, b)", ((256, 512), (1000, 750))),
-        F("free_space", "disk_gb, used_gb", "disk_gb - used_gb", ((500, 120), (64, 64))),
-        F("is_empty", "files", "files == 0", ((0,), (3,))),
-    )),
-    Module("parking", "Spaces and cars.", (
-        F("cars_in", "arrived, left", "arrived - left", ((40, 15), (9, 9))),
-        F("has_room", "cars, spaces", "cars <= spaces", ((45, 50), (50, 50), (51, 50))),
-        F("longer_stay", "a, b", "max(a, b)", ((3, 7), (12, 5))),
-        F("fee", "hours, rate", "hours * rate", ((3, 2), (0, 5), (4, 4))),
-        F("within_hours", "hour, closing", "hour <= closing", ((20, 22), (22, 22), (23, 22))),
-    )),
+    Module(
+        "travel",
+        "Trips and distances.",
+        (
+            F("distance", "speed, hours", "speed * hours", ((60, 2), (0, 3), (45, 4))),
+            F("within_range", "km, range_km", "km <= range_km", ((300, 400), (400, 400), (401, 400))),
+            F("farther", "a, b", "max(a, b)", ((120, 80), (30, 95))),
+            F("arrived", "left_km", "left_km == 0", ((0,), (12,))),
+            F("on_budget", "cost, budget", "cost <= budget", ((80, 100), (100, 100), (120, 100))),
+        ),
+    ),
+    Module(
+        "sports",
+        "Teams and scores.",
+        (
+            F("goal_difference", "scored, conceded", "scored - conceded", ((5, 2), (3, 3))),
+            F("qualifies", "points, cutoff", "points >= cutoff", ((30, 30), (29, 30), (41, 30))),
+            F("winner_score", "home, away", "max(home, away)", ((2, 1), (0, 3), (2, 2))),
+            F("under_limit", "players, limit", "players <= limit", ((10, 11), (11, 11), (12, 11))),
+            F("season_points", "wins, per_win", "wins * per_win", ((7, 3), (0, 3), (4, 2))),
+        ),
+    ),
+    Module(
+        "storage",
+        "Disks and files.",
+        (
+            F("used", "files, size", "files * size", ((30, 4), (0, 8), (5, 5))),
+            F("fits_disk", "used_gb, disk_gb", "used_gb <= disk_gb", ((400, 500), (500, 500), (501, 500))),
+            F("bigger_disk", "a, b", "max(a, b)", ((256, 512), (1000, 750))),
+            F("free_space", "disk_gb, used_gb", "disk_gb - used_gb", ((500, 120), (64, 64))),
+            F("is_empty", "files", "files == 0", ((0,), (3,))),
+        ),
+    ),
+    Module(
+        "parking",
+        "Spaces and cars.",
+        (
+            F("cars_in", "arrived, left", "arrived - left", ((40, 15), (9, 9))),
+            F("has_room", "cars, spaces", "cars <= spaces", ((45, 50), (50, 50), (51, 50))),
+            F("longer_stay", "a, b", "max(a, b)", ((3, 7), (12, 5))),
+            F("fee", "hours, rate", "hours * rate", ((3, 2), (0, 5), (4, 4))),
+            F("within_hours", "hour, closing", "hour <= closing", ((20, 22), (22, 22), (23, 22))),
+        ),
+    ),
 )
 
 HELDOUT_MODULES: tuple[Module, ...] = (

@@ -109,8 +109,9 @@ class Monitor:
             .relative_to_stream()
         )
         self.tables.append((count, totals, (tumbling, hopping)))
-        source = self.app.topic(*names, key_type=bytes, value_type=bytes, value_serializer="raw",
-                                key_serializer="raw")  # fmt: skip
+        source = self.app.topic(
+            *names, key_type=bytes, value_type=bytes, value_serializer="raw", key_serializer="raw"
+        )
 
         windowed = ((tumbling, s.tumbling_s), (hopping, s.hopping_step_s))
 
@@ -153,8 +154,9 @@ class Monitor:
         specs = []
         for table in self.app.tables.values():
             changelog = table.changelog_topic
-            policy = ",".join(name for name, on in (("compact", changelog.compacting),
-                                                    ("delete", changelog.deleting)) if on)  # fmt: skip
+            policy = ",".join(
+                name for name, on in (("compact", changelog.compacting), ("delete", changelog.deleting)) if on
+            )
             configs = {"cleanup.policy": policy} if policy else {}
             if changelog.retention:
                 configs["retention.ms"] = str(int(float(changelog.retention) * 1000))

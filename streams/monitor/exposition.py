@@ -138,8 +138,12 @@ def window_gauges(state: FigureState, window: str) -> list[tuple[str, float]]:
     buckets = _buckets(counters, "sandbox_start_seconds_bucket")
     if buckets:
         for q in (0.5, 0.99):
-            out.append((series("window_sandbox_start_seconds", window=window, quantile=str(q)),
-                        bucket_quantile(buckets, q)))  # fmt: skip
+            out.append(
+                (
+                    series("window_sandbox_start_seconds", window=window, quantile=str(q)),
+                    bucket_quantile(buckets, q),
+                )
+            )
     return out
 
 

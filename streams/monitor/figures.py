@@ -182,8 +182,9 @@ def _sandbox(update: Update, kind: str, data: Mapping[str, Any], buckets: tuple[
         update.add("sandbox_requests_total", backend=backend)
     elif kind == "sandbox.ready":
         update.observe("sandbox_start_seconds", float(data.get("start_s", 0.0)), buckets, backend=backend)
-        update.observe("sandbox_queue_wait_seconds", float(data.get("queue_wait_s", 0.0)), buckets,
-                       backend=backend)  # fmt: skip
+        update.observe(
+            "sandbox_queue_wait_seconds", float(data.get("queue_wait_s", 0.0)), buckets, backend=backend
+        )
         for cap, waited in (data.get("cap_waits") or {}).items():
             update.add("sandbox_cap_wait_seconds_total", float(waited), backend=backend, cap=str(cap))
             update.add("sandbox_cap_waits_total", 1.0, backend=backend, cap=str(cap))

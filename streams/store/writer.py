@@ -264,8 +264,10 @@ def _execute_many(conn: Connection, statement: _Statement, rows: list[dict[str, 
     per_statement = max(1, min(ROWS_PER_STATEMENT, SQLITE_VARIABLES // len(statement.order)))
     for first in range(0, len(rows), per_statement):
         chunk = rows[first : first + per_statement]
-        params = tuple(chain.from_iterable(map(values, chunk))) if len(statement.order) > 1 else tuple(
-            map(values, chunk)
+        params = (
+            tuple(chain.from_iterable(map(values, chunk)))
+            if len(statement.order) > 1
+            else tuple(map(values, chunk))
         )
         conn.exec_driver_sql(_multi_row(statement.sql, len(chunk)), params)
 

@@ -11,8 +11,13 @@ from streams.settings import PolicySettings
 
 def _group(rewards: list[float], dropped: str | None) -> GroupFormed:
     n = len(rewards)
-    return GroupFormed(members=[f"t{i}" for i in range(n)], rewards=rewards, advantages=[0.0] * n,
-                       dropped=dropped, policy=PolicySettings())  # fmt: skip
+    return GroupFormed(
+        members=[f"t{i}" for i in range(n)],
+        rewards=rewards,
+        advantages=[0.0] * n,
+        dropped=dropped,
+        policy=PolicySettings(),
+    )
 
 
 def _ask(picker: TaskPicker, n: int) -> list[tuple[int, int]]:

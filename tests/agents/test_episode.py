@@ -58,14 +58,24 @@ def make_episode(
     async def verifier(box: Sandbox, task: Task) -> Verdict:
         return Verdict(reward, {"test_fix": reward >= 1.0}, {"test_other": True}, 0.01)
 
-    task = Task("task-1", Path("/nonexistent"), "Fix the bug.", None, TaskMetadata(("test_fix",)),
-                agent_timeout_s=agent_timeout_s)  # fmt: skip
+    task = Task(
+        "task-1",
+        Path("/nonexistent"),
+        "Fix the bug.",
+        None,
+        TaskMetadata(("test_fix",)),
+        agent_timeout_s=agent_timeout_s,
+    )
     services = EpisodeServices(
         policy=ScriptedPolicy(chat, replies, weight_version=3, delay_s=delay_s),
         sandboxes=DirectSandboxes(SimulatedSandboxFactory(latency)),
-        verifier=verifier, chat=chat, agent=AgentSettings(max_format_errors=2), backend="simulated",
-        source="test", command_timeout_s=10.0,
-    )  # fmt: skip
+        verifier=verifier,
+        chat=chat,
+        agent=AgentSettings(max_format_errors=2),
+        backend="simulated",
+        source="test",
+        command_timeout_s=10.0,
+    )
     spec = EpisodeSpec("run", "group", "traj", task, 0, 0, 8, limits or Limits())
     sink = Collected()
     return Episode(spec, services, sink), sink
@@ -87,9 +97,17 @@ async def test_submit_after_work_is_verified(chat: ChatFormat) -> None:
     finished = await episode.run()
     assert finished.outcome == Outcome.RESOLVED and finished.reward == 1.0 and finished.turns == 2
     assert sink.types() == [
-        "trajectory.started", "sandbox.requested", "sandbox.ready", "turn.generated", "tool.executed",
-        "turn.generated", "tool.executed", "tests.ran", "sandbox.released", "trajectory.finished",
-    ]  # fmt: skip
+        "trajectory.started",
+        "sandbox.requested",
+        "sandbox.ready",
+        "turn.generated",
+        "tool.executed",
+        "turn.generated",
+        "tool.executed",
+        "tests.ran",
+        "sandbox.released",
+        "trajectory.finished",
+    ]
     check_events(sink)
     turns = [e.data for e in sink.events if e.type == "turn.generated"]
     assert len(turns[0].observation_token_ids) == 0 and turns[1].observation_token_ids
@@ -206,9 +224,12 @@ class RefusingPolicy(ScriptedPolicy):
 
 @pytest.mark.parametrize(
     ("kind", "outcome", "reward"),
-    [("context", Outcome.TRUNCATED_CONTEXT, 1.0), ("network", Outcome.INFRA_NETWORK, None),
-     ("engine", Outcome.INFRA_ENGINE, None)],
-)  # fmt: skip
+    [
+        ("context", Outcome.TRUNCATED_CONTEXT, 1.0),
+        ("network", Outcome.INFRA_NETWORK, None),
+        ("engine", Outcome.INFRA_ENGINE, None),
+    ],
+)
 async def test_engine_errors_map_to_outcomes(
     chat: ChatFormat, kind: str, outcome: Outcome, reward: float | None
 ) -> None:

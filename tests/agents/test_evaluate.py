@@ -31,9 +31,11 @@ pytestmark = pytest.mark.timeout(300)
 
 def test_pass_at_1_is_the_mean_over_tasks_of_the_per_attempt_success() -> None:
     results = [
-        AttemptResult("a", 0, True, "resolved", 0), AttemptResult("a", 1, False, "unresolved", 0),
-        AttemptResult("b", 0, True, "resolved", 2), AttemptResult("b", 1, True, "resolved", 0),
-    ]  # fmt: skip
+        AttemptResult("a", 0, True, "resolved", 0),
+        AttemptResult("a", 1, False, "unresolved", 0),
+        AttemptResult("b", 0, True, "resolved", 2),
+        AttemptResult("b", 1, True, "resolved", 0),
+    ]
     assert pass_at_1(results) == pytest.approx((0.5 + 1.0) / 2)
     assert pass_at_1([]) == 0.0
 
@@ -43,12 +45,21 @@ async def _evaluate(cfg: Config, tasks_dir: Path, model: Path, run: str, reruns:
     policy = ExpertPolicy(chat, cfg.expert, cfg.agent)
     await create_topics(cfg.kafka, cfg.topics)
     tasks = write_family(tasks_dir, "heldout", 4, 2)
-    async with SandboxPool(cfg.sandbox, make_factory(cfg.sandbox)) as pool, \
-            EventProducer(cfg.kafka, cfg.topics) as producer:  # fmt: skip
+    async with (
+        SandboxPool(cfg.sandbox, make_factory(cfg.sandbox)) as pool,
+        EventProducer(cfg.kafka, cfg.topics) as producer,
+    ):
         return await evaluate(
-            run, tasks, 3, services=episode_services(cfg, policy, pool, chat), sink=KafkaEventSink(producer),
-            limits=limits_of(cfg.policy), concurrency=4, max_infra_reruns=reruns, model_version=7,
-        )  # fmt: skip
+            run,
+            tasks,
+            3,
+            services=episode_services(cfg, policy, pool, chat),
+            sink=KafkaEventSink(producer),
+            limits=limits_of(cfg.policy),
+            concurrency=4,
+            max_infra_reruns=reruns,
+            model_version=7,
+        )
 
 
 def test_infra_errors_are_rerun_and_never_count_as_failures(
@@ -57,9 +68,13 @@ def test_infra_errors_are_rerun_and_never_count_as_failures(
     # An expert that always reads the tests and always picks the right fix resolves every attempt, so
     # pass@1 stays 1.0 exactly when no injected sandbox failure is counted as a failure.
     cfg = config_factory(
-        "expert.test_first_rate=1.0", "expert.right_edit_rate=1.0", "sandbox.faults.start_failure_rate=0.3",
-        "sandbox.faults.seed=5", "sandbox.pool.warm_pool=0", "policy.max_turns=4",
-    )  # fmt: skip
+        "expert.test_first_rate=1.0",
+        "expert.right_edit_rate=1.0",
+        "sandbox.faults.start_failure_rate=0.3",
+        "sandbox.faults.seed=5",
+        "sandbox.pool.warm_pool=0",
+        "policy.max_turns=4",
+    )
     model = tmp_path / "model"
     init_model_dir(cfg.model, model)
     result = asyncio.run(_evaluate(cfg, tmp_path / "tasks", model, "eval-test", reruns=10))
@@ -67,9 +82,10 @@ def test_infra_errors_are_rerun_and_never_count_as_failures(
     assert result.infra_reruns > 0  # type: ignore[attr-defined]  # faults were injected and re-run
 
     finished = [
-        c.event for c in asyncio.run(read_topic(cfg.kafka, cfg.topics, "rollout.events"))
+        c.event
+        for c in asyncio.run(read_topic(cfg.kafka, cfg.topics, "rollout.events"))
         if c.event.type == "trajectory.finished" and c.event.run_id == "eval-test"
-    ]  # fmt: skip
+    ]
     outcomes = collections.Counter(str(e.data.outcome) for e in finished)  # type: ignore[union-attr]
     assert outcomes["resolved"] == 12  # every (task, attempt) once, as events under the eval's run id
     infra = [

@@ -39,10 +39,14 @@ from trainer.tokenizer import load_tokenizer
 pytestmark = pytest.mark.timeout(300)
 GROUP = 4
 FAULTS = (
-    "sandbox.faults.start_failure_rate=0.4", "sandbox.faults.seed=3",
-    "client.faults.engine_error_rate=0.4", "client.faults.seed=3", "client.retries=0",
-    "rollout.concurrency=2", f"policy.group_size={GROUP}",
-)  # fmt: skip
+    "sandbox.faults.start_failure_rate=0.4",
+    "sandbox.faults.seed=3",
+    "client.faults.engine_error_rate=0.4",
+    "client.faults.seed=3",
+    "client.retries=0",
+    "rollout.concurrency=2",
+    f"policy.group_size={GROUP}",
+)
 
 
 def write_task(root: Path) -> TaskRef:
@@ -101,9 +105,10 @@ async def test_injected_faults_are_recorded_as_injected_infra_errors_and_never_s
             assert isinstance(client, FaultyEngineClient)
             worker = RolloutWorker(
                 WorkerSettings(config.kafka, config.topics, config.rollout, config.policy),
-                episode_services(config, client, pool, chat), TaskCatalog(root),
+                episode_services(config, client, pool, chat),
+                TaskCatalog(root),
                 on_finished=lambda spec, f: finished.append((spec, f)),
-            )  # fmt: skip
+            )
             await serve_until(worker, lambda: settled(finished, config.policy.infra_error_retries))
     records = await read_topic(config.kafka, config.topics, "rollout.events", idle_s=0.5)
     events: dict[str, list[Event]] = defaultdict(list)

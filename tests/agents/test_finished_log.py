@@ -10,9 +10,13 @@ from streams.payloads import TrajectoryFinished
 
 def finish(trajectory: str, outcome: Outcome, seq: int) -> Event:
     data = TrajectoryFinished(
-        outcome=outcome, reward=None if outcome.is_infra_error else 0.0, turns=1, generated_tokens=3,
-        context_tokens=9, last_seq=seq,
-    )  # fmt: skip
+        outcome=outcome,
+        reward=None if outcome.is_infra_error else 0.0,
+        turns=1,
+        generated_tokens=3,
+        context_tokens=9,
+        last_seq=seq,
+    )
     return make_event(
         data, run_id="r", seq=seq, time_ns=1, source="w", group_id="g", trajectory_id=trajectory
     )

@@ -36,9 +36,15 @@ async def run_scripted(
     config: Config, pool: SandboxPool, chat: ChatFormat, task: Task, replies: list[str], limits: Limits
 ) -> tuple[TrajectoryFinished, Collected]:
     services = EpisodeServices(
-        policy=ScriptedPolicy(chat, replies), sandboxes=pool, verifier=verify, chat=chat, agent=config.agent,
-        backend=config.sandbox.backend, source="test-gold", command_timeout_s=120.0,
-    )  # fmt: skip
+        policy=ScriptedPolicy(chat, replies),
+        sandboxes=pool,
+        verifier=verify,
+        chat=chat,
+        agent=config.agent,
+        backend=config.sandbox.backend,
+        source="test-gold",
+        command_timeout_s=120.0,
+    )
     sink = Collected()
     spec = EpisodeSpec("gold", f"g-{task.id}", f"t-{task.id}", task, 0, 0, 1, limits)
     return await Episode(spec, services, sink).run(), sink

@@ -59,9 +59,15 @@ def finishing_runs(events: list[Event]) -> dict[str, list[Event]]:
 def replay_datasets(config: Config, url: str, out: Path, from_db: bool) -> dict[str, str]:
     """Each dataset `rollstream replay` writes for the run (JSON lines, rows sorted by id)."""
     common = [
-        "-s", f'kafka.bootstrap="{config.kafka.bootstrap}"', "-s", f'topics.prefix="{config.topics.prefix}"',
-        "-s", f'db.url="{url}"', "-s", f'run.state_dir="{config.run.state_dir}"',
-    ]  # fmt: skip
+        "-s",
+        f'kafka.bootstrap="{config.kafka.bootstrap}"',
+        "-s",
+        f'topics.prefix="{config.topics.prefix}"',
+        "-s",
+        f'db.url="{url}"',
+        "-s",
+        f'run.state_dir="{config.run.state_dir}"',
+    ]
     written = {}
     for dataset in DATASETS:
         path = out / f"{dataset}-{'db' if from_db else 'topics'}.jsonl"

@@ -90,10 +90,10 @@ def engine_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     port = free_port()
     log = (tmp_path_factory.mktemp("engine-log") / "engine.log").open("w")
     proc = subprocess.Popen(
-        [*ENGINE_CLI, "serve", "--model", str(model_dir), "--port", str(port),
-         "--context-length", "4096"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [*ENGINE_CLI, "serve", "--model", str(model_dir), "--port", str(port), "--context-length", "4096"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:
@@ -129,16 +129,21 @@ class Worker:
 
     def __init__(self, config: Config, tasks: Path, engine: str, model: Path, log: Path, *extra: str) -> None:
         sets = [
-            f'kafka.bootstrap="{config.kafka.bootstrap}"', f'topics.prefix="{config.topics.prefix}"',
-            f'run.state_dir="{config.run.state_dir}"', "agent.temperature=0", "rollout.commit_interval_s=0.2",
+            f'kafka.bootstrap="{config.kafka.bootstrap}"',
+            f'topics.prefix="{config.topics.prefix}"',
+            f'run.state_dir="{config.run.state_dir}"',
+            "agent.temperature=0",
+            "rollout.commit_interval_s=0.2",
             *extra,
-        ]  # fmt: skip
+        ]
         args = [*ROLLOUT_CLI, "--tasks", str(tasks), "--engine", engine, "--model", str(model)]
         self.log = log.open("a")
         self.proc = subprocess.Popen(
             [*args, "--concurrency", "8", *[a for s in sets for a in ("-s", s)]],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc.poll() is None:
@@ -169,7 +174,13 @@ def submit(
     group = group_id(run, task.task_id, group_index)
     events = [
         request_event(
-            run_id=run, group=group, task=task, attempt=a, retry=0, group_size=attempts, limits=limits,
+            run_id=run,
+            group=group,
+            task=task,
+            attempt=a,
+            retry=0,
+            group_size=attempts,
+            limits=limits,
             source="test",
         )
         for a in range(attempts)
@@ -181,8 +192,9 @@ def submit(
 def write_abort(config: Config, run: str, trajectories: list[str]) -> None:
     async def send() -> None:
         data = RolloutAbort(trajectory_ids=trajectories)
-        event = make_event(data, run_id=run, seq=0, time_ns=time.time_ns(), source="test",
-                           id_key=f"abort:{trajectories[0]}")  # fmt: skip
+        event = make_event(
+            data, run_id=run, seq=0, time_ns=time.time_ns(), source="test", id_key=f"abort:{trajectories[0]}"
+        )
         async with EventProducer(config.kafka, config.topics) as producer:
             await producer.send_and_wait("rollout.control", event)
 
@@ -200,9 +212,16 @@ def test_episodes_through_the_worker_process_and_kafka(
     running, early = submit(kafka_config, "run-a", task, 1, 2, long)
     write_abort(kafka_config, "run-a", [early])  # aborted before any worker picks it up
     unservable = submit(kafka_config, "run-a", TaskRef("no-such-task", "no-such-task"), 2, 1, short)
-    worker = Worker(kafka_config, one_task_root, engine_url, model_dir, tmp_path / "worker.log",
-                    "agent.max_format_errors=1000")  # fmt: skip
+    worker = Worker(
+        kafka_config,
+        one_task_root,
+        engine_url,
+        model_dir,
+        tmp_path / "worker.log",
+        "agent.max_format_errors=1000",
+    )
     try:
+
         def first_turn() -> bool:
             events = read_events(kafka_config)
             return any(e.trajectory_id == running and e.type == "turn.generated" for e in events)
@@ -413,8 +432,15 @@ def test_episodes_unfinished_at_the_drain_timeout_are_rerun_under_the_same_ids(
     limits = Limits(max_turns=6, max_new_tokens_per_turn=16, context_cap=4096)
     expected = set(submit(kafka_config, "run-t", TaskRef(task_dir, task_dir), 0, 2, limits))
     log = tmp_path / "worker.log"
-    first = Worker(kafka_config, one_task_root, engine_url, model_dir, log,
-                   "agent.max_format_errors=1000", "rollout.drain_timeout_s=0.2")  # fmt: skip
+    first = Worker(
+        kafka_config,
+        one_task_root,
+        engine_url,
+        model_dir,
+        log,
+        "agent.max_format_errors=1000",
+        "rollout.drain_timeout_s=0.2",
+    )
     try:
         wait_until(lambda: expected <= turned_ids(read_events(kafka_config)), "every episode's first turn")
         terminate(first)

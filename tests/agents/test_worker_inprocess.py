@@ -38,9 +38,15 @@ def services(
     config: Config, chat: ChatFormat, pool: SandboxPool, replies: list[str], delay_s: float
 ) -> EpisodeServices:
     return EpisodeServices(
-        policy=ScriptedPolicy(chat, replies, delay_s=delay_s), sandboxes=pool, verifier=verify, chat=chat,
-        agent=config.agent, backend="simulated", source="test-worker", command_timeout_s=10.0,
-    )  # fmt: skip
+        policy=ScriptedPolicy(chat, replies, delay_s=delay_s),
+        sandboxes=pool,
+        verifier=verify,
+        chat=chat,
+        agent=config.agent,
+        backend="simulated",
+        source="test-worker",
+        command_timeout_s=10.0,
+    )
 
 
 async def serve_until(worker: RolloutWorker, done: Callable[[], bool], timeout: float = 120.0) -> None:
@@ -69,8 +75,12 @@ async def test_infra_errors_rerun_per_policy_never_scored_and_committed(
     config = kafka_config
     settings = WorkerSettings(config.kafka, config.topics, config.rollout, config.policy)
     async with SandboxPool(kafka_config.sandbox, failing) as pool:
-        worker = RolloutWorker(settings, services(kafka_config, chat, pool, [SUBMIT], 0.0), TaskCatalog(root),
-                               on_finished=lambda spec, f: finished.append((spec, f)))  # fmt: skip
+        worker = RolloutWorker(
+            settings,
+            services(kafka_config, chat, pool, [SUBMIT], 0.0),
+            TaskCatalog(root),
+            on_finished=lambda spec, f: finished.append((spec, f)),
+        )
         await serve_until(worker, lambda: len(finished) == 3)
         assert [spec.retry for spec, _ in finished] == [0, 1, 2]  # infra_error_retries = 2
         assert all(f.outcome == Outcome.INFRA_SANDBOX_START and f.reward is None for _, f in finished)
@@ -80,8 +90,12 @@ async def test_infra_errors_rerun_per_policy_never_scored_and_committed(
         requests = await read_topic(kafka_config.kafka, kafka_config.topics, "rollout.requests", idle_s=0.5)
         assert sorted(c.event.data.retry for c in requests) == [0, 1, 2]
         # everything finished was committed: a new worker in the same group has nothing to run
-        again = RolloutWorker(settings, services(kafka_config, chat, pool, [SUBMIT], 0.0), TaskCatalog(root),
-                              on_finished=lambda spec, f: finished.append((spec, f)))  # fmt: skip
+        again = RolloutWorker(
+            settings,
+            services(kafka_config, chat, pool, [SUBMIT], 0.0),
+            TaskCatalog(root),
+            on_finished=lambda spec, f: finished.append((spec, f)),
+        )
         began = time.monotonic()
         await serve_until(again, lambda: time.monotonic() - began > 8.0)
     assert len(finished) == 3
@@ -110,8 +124,12 @@ async def test_one_process_holds_a_thousand_episodes(
     factory = SimulatedSandboxFactory(SimulatedLatency(time_scale=0.5))
     async with SandboxPool(config.sandbox, factory) as pool:
         reply = "```bash\nls\n```"
-        worker = RolloutWorker(settings, services(config, chat, pool, [reply], 10.0), TaskCatalog(root),
-                               on_finished=lambda spec, f: finished.append(f))  # fmt: skip
+        worker = RolloutWorker(
+            settings,
+            services(config, chat, pool, [reply], 10.0),
+            TaskCatalog(root),
+            on_finished=lambda spec, f: finished.append(f),
+        )
         await serve_until(worker, all_done, timeout=240.0)
     assert peak == 1000
     assert all(f.outcome == Outcome.TRUNCATED_TURNS for f in finished)
@@ -133,9 +151,11 @@ async def test_two_workers_share_the_requests_without_running_one_twice(
 
         def worker(name: str) -> RolloutWorker:
             return RolloutWorker(
-                settings, services(config, chat, pool, ["```bash\nls\n```"], 1.0), TaskCatalog(root),
+                settings,
+                services(config, chat, pool, ["```bash\nls\n```"], 1.0),
+                TaskCatalog(root),
                 on_finished=lambda spec, f: done[name].append(spec.trajectory_id),
-            )  # fmt: skip
+            )
 
         first = worker("a")
         second = worker("b")

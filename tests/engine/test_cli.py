@@ -45,11 +45,22 @@ def test_model_init_and_info(tmp_path: Path) -> None:
 
 def test_engine_serve_answers_generate(model_dir: Path) -> None:
     port = free_port()
-    arguments = ["engine", "serve", "--model", str(model_dir), "--port", str(port),
-                 "--context-length", "128", "--max-running-requests", "4"]
+    arguments = [
+        "engine",
+        "serve",
+        "--model",
+        str(model_dir),
+        "--port",
+        str(port),
+        "--context-length",
+        "128",
+        "--max-running-requests",
+        "4",
+    ]
     server = subprocess.Popen(
         [sys.executable, "-c", "from rollstream.cli import app; app()", *arguments],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
     try:

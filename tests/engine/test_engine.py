@@ -63,6 +63,7 @@ def test_seeded_sampling_is_reproducible_alone_or_batched(make_engine: EngineFac
 
 def test_top_k_one_and_tiny_top_p_are_greedy(make_engine: EngineFactory, model_dir: Path) -> None:
     engine = make_engine()
+
     def run(rid: str, params: SamplingParams) -> tuple[int, ...]:
         return engine.submit(rid, prompt(12), params).result(TIMEOUT).output_ids
 

@@ -177,9 +177,12 @@ async def test_http_follower_updates_every_server(
 
 
 async def test_a_directory_that_does_not_match_its_checksum_is_refused(
-    make_engine: EngineFactory, model_dir: Path, kafka_config: Config, tmp_path: Path,
+    make_engine: EngineFactory,
+    model_dir: Path,
+    kafka_config: Config,
+    tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     engine = make_engine()
     weights = tmp_path / "weights"
     v1, v2 = write(weights, model_dir, 1), write(weights, model_dir, 2)
@@ -222,8 +225,12 @@ def cli(*arguments: str) -> list[str]:
 
 
 def bus_overrides(config: Config) -> list[str]:
-    settings = [f'kafka.bootstrap="{config.kafka.bootstrap}"', f'topics.prefix="{config.topics.prefix}"',
-                "follow.poll_ms=100", "follow.retry_s=0.5"]  # fmt: skip
+    settings = [
+        f'kafka.bootstrap="{config.kafka.bootstrap}"',
+        f'topics.prefix="{config.topics.prefix}"',
+        "follow.poll_ms=100",
+        "follow.retry_s=0.5",
+    ]
     return [word for setting in settings for word in ("-s", setting)]
 
 
@@ -252,9 +259,10 @@ async def test_engine_serve_follow_weights(model_dir: Path, kafka_config: Config
     url = f"http://127.0.0.1:{(port := free_port())}"
     arguments = ["engine", "serve", "--model", str(model_dir), "--port", str(port), "--follow-weights", RUN]
     server = await asyncio.create_subprocess_exec(
-        *cli(*arguments, *bus_overrides(kafka_config)), stdout=asyncio.subprocess.PIPE,
+        *cli(*arguments, *bus_overrides(kafka_config)),
+        stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
+    )
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
             deadline = time.monotonic() + 180

@@ -12,8 +12,15 @@ from tests.engine.conftest import EngineFactory
 from tests.engine.test_engine import TIMEOUT, full_forward_logprobs, prompt
 from trainer.model import KVCache, ModelConfig
 
-CONFIG = ModelConfig(vocab_size=100, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
-                     intermediate_size=32, max_position=256)
+CONFIG = ModelConfig(
+    vocab_size=100,
+    hidden_size=16,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    intermediate_size=32,
+    max_position=256,
+)
 
 
 def kv(length: int, fill: float) -> KVCache:

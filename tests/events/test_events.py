@@ -43,8 +43,9 @@ def test_ids_are_deterministic_per_key_and_seq() -> None:
     st.data(),
 )
 def test_token_arrays_round_trip_packed(tokens: list[int], data: st.DataObject) -> None:
-    logprobs = data.draw(st.lists(st.floats(allow_nan=False, max_value=0.0), min_size=len(tokens),
-                                  max_size=len(tokens)))
+    logprobs = data.draw(
+        st.lists(st.floats(allow_nan=False, max_value=0.0), min_size=len(tokens), max_size=len(tokens))
+    )
     event = make_event(turn(tokens, logprobs), run_id="r", seq=1, time_ns=5, source="w", trajectory_id="t")
     wire = encode_event(event)
     assert decode_event(wire) == event
@@ -52,8 +53,9 @@ def test_token_arrays_round_trip_packed(tokens: list[int], data: st.DataObject) 
 
 
 def test_json_lists_still_read() -> None:
-    event = make_event(turn([5, 6], [-1.0, -2.0]), run_id="r", seq=1, time_ns=5, source="w",
-                       trajectory_id="t")
+    event = make_event(
+        turn([5, 6], [-1.0, -2.0]), run_id="r", seq=1, time_ns=5, source="w", trajectory_id="t"
+    )
     raw = json.loads(encode_event(event))
     raw["data"]["output_token_ids"] = [5, 6]
     raw["data"]["output_logprobs"] = [-1.0, -2.0]
@@ -84,8 +86,14 @@ def test_bad_token_arrays_are_refused_with_the_reason(tokens: object, needle: st
 
 
 def test_finished_reward_and_outcome() -> None:
-    done = TrajectoryFinished(outcome=infra_outcome("sandbox_start"), reward=None, turns=0,
-                              generated_tokens=0, context_tokens=0, last_seq=3)
+    done = TrajectoryFinished(
+        outcome=infra_outcome("sandbox_start"),
+        reward=None,
+        turns=0,
+        generated_tokens=0,
+        context_tokens=0,
+        last_seq=3,
+    )
     event = make_event(done, run_id="r", seq=3, time_ns=1, source="w", trajectory_id="t", group_id="g")
     back = decode_event(encode_event(event))
     assert back.data.outcome is Outcome.INFRA_SANDBOX_START
@@ -125,10 +133,16 @@ def test_old_versions_are_upcast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(TrajectoryStarted, "SCHEMA_VERSION", 2)
     monkeypatch.setitem(ev.UPCASTERS, ("trajectory.started", 1), lambda d: {**d, "retry": 7})
     v1 = {
-        "id": str(event_id("t", 0)), "type": "trajectory.started", "schema_version": 1, "run_id": "r",
-        "trajectory_id": "t", "seq": 0, "time_ns": 1, "source": "w",
+        "id": str(event_id("t", 0)),
+        "type": "trajectory.started",
+        "schema_version": 1,
+        "run_id": "r",
+        "trajectory_id": "t",
+        "seq": 0,
+        "time_ns": 1,
+        "source": "w",
         "data": {"attempt": 1, "group_size": 8, "limits": Limits().model_dump()},
-    }  # fmt: skip
+    }
     event = decode_event(json.dumps(v1))
     assert event.schema_version == 2 and event.data.retry == 7
     monkeypatch.delitem(ev.UPCASTERS, ("trajectory.started", 1))
@@ -140,6 +154,7 @@ def test_records_without_a_group_are_keyed_by_run() -> None:
     """Compacted topics (`weights`) reject unkeyed records; the run is the key there."""
     from streams.payloads import WeightsPublished
 
-    event = make_event(WeightsPublished(version=3, path="/m/3"), run_id="run-7", seq=3, time_ns=1,
-                       source="trainer")
+    event = make_event(
+        WeightsPublished(version=3, path="/m/3"), run_id="run-7", seq=3, time_ns=1, source="trainer"
+    )
     assert event.key == b"run-7"

@@ -60,10 +60,17 @@ def inspect_page(page: Path, screenshot: Path) -> PageView:
         raise RuntimeError("chromium is not installed: run scripts/setup_system.sh")
     with tempfile.TemporaryDirectory(prefix="rollstream-chromium-") as profile:
         args = [
-            binary, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars",
-            f"--user-data-dir={profile}", "--remote-debugging-port=0", f"--window-size={WIDTH},900",
+            binary,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            "--remote-debugging-port=0",
+            f"--window-size={WIDTH},900",
             "about:blank",
-        ]  # fmt: skip
+        ]
         process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             port = _devtools_port(Path(profile), process)
@@ -105,8 +112,11 @@ async def _drive(port: int, url: str, screenshot: Path) -> PageView:
             seen = result["result"]["value"]
             await devtools.call(
                 "Emulation.setDeviceMetricsOverride",
-                width=WIDTH, height=int(seen["height"]), deviceScaleFactor=1, mobile=False,
-            )  # fmt: skip
+                width=WIDTH,
+                height=int(seen["height"]),
+                deviceScaleFactor=1,
+                mobile=False,
+            )
             shot = await devtools.call("Page.captureScreenshot", format="png")
             screenshot.parent.mkdir(parents=True, exist_ok=True)
             screenshot.write_bytes(base64.b64decode(shot["data"]))

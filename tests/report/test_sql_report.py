@@ -33,9 +33,16 @@ from tests.store.sinkrun import produce, run_sink_until_idle
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / ".rollstream" / "test-artifacts" / "report"
 FIGURES = {
-    "pass1_by_version", "outcomes", "turns", "long_tail", "trajectory_time",
-    "step_time", "stability", "infra_errors", "cap_waits",
-}  # fmt: skip
+    "pass1_by_version",
+    "outcomes",
+    "turns",
+    "long_tail",
+    "trajectory_time",
+    "step_time",
+    "stability",
+    "infra_errors",
+    "cap_waits",
+}
 EVAL_EMPTY = {"step_time", "stability", "infra_errors"}
 
 runner = CliRunner()

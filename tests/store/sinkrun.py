@@ -60,11 +60,15 @@ def topic_ends(config: Config) -> dict[tuple[str, int], int]:
 
 def config_args(config: Config) -> list[str]:
     return [
-        "-s", f'kafka.bootstrap="{config.kafka.bootstrap}"',
-        "-s", f'topics.prefix="{config.topics.prefix}"',
-        "-s", f'run.state_dir="{config.run.state_dir}"',
-        "-s", f"db.sink_batch_size={config.db.sink_batch_size}",
-    ]  # fmt: skip
+        "-s",
+        f'kafka.bootstrap="{config.kafka.bootstrap}"',
+        "-s",
+        f'topics.prefix="{config.topics.prefix}"',
+        "-s",
+        f'run.state_dir="{config.run.state_dir}"',
+        "-s",
+        f"db.sink_batch_size={config.db.sink_batch_size}",
+    ]
 
 
 def start_sink(

@@ -36,15 +36,19 @@ def test_rows_of_revision_0001_carry_over_and_v2_steps_project_every_field(db_ur
     engine = create_store_engine(db_url)
     upgrade(engine, "0001")
     with engine.begin() as conn:
-        conn.execute(text(
-            "INSERT INTO trainer_steps (run_id, step, event_id, version, groups, trajectories, loss,"
-            " grad_norm, mean_logprob_diff, ess, times, time_ns)"
-            " VALUES ('old', 1, 'e', 1, 2, 8, 0.5, 0.1, 0.01, 0.9, '{}', 5)"
-        ))  # fmt: skip
-        conn.execute(text(
-            "INSERT INTO weight_versions (run_id, version, event_id, step, path, published_ns, source)"
-            " VALUES ('old', 1, 'e', 1, '/w/1', 5, 'trainer')"
-        ))  # fmt: skip
+        conn.execute(
+            text(
+                "INSERT INTO trainer_steps (run_id, step, event_id, version, groups, trajectories, loss,"
+                " grad_norm, mean_logprob_diff, ess, times, time_ns)"
+                " VALUES ('old', 1, 'e', 1, 2, 8, 0.5, 0.1, 0.01, 0.9, '{}', 5)"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO weight_versions (run_id, version, event_id, step, path, published_ns, source)"
+                " VALUES ('old', 1, 'e', 1, '/w/1', 5, 'trainer')"
+            )
+        )
     upgrade(engine, "0002")
     with engine.connect() as conn:
         assert _diffs_of_our_tables(conn) == []
@@ -53,15 +57,35 @@ def test_rows_of_revision_0001_carry_over_and_v2_steps_project_every_field(db_ur
         assert conn.execute(text("SELECT checksum FROM weight_versions")).scalar_one() == ""
 
     data = TrainerStep(
-        step=2, version=2, groups=2, trajectories=8, group_ids=["g1", "g2"], loss=0.25, grad_norm=0.5,
-        clip_frac_low=0.1, clip_frac_high=0.2, entropy=3.5, mean_logprob_diff=0.011, ess=0.93, ess_seq=0.8,
-        reward_mean=0.375, zero_variance_groups=3, stale_groups=1, staleness_mean=1.5, staleness_max=2,
-        tokens=96, times=StepTimes(wait_s=0.1, update_s=0.2, publish_s=0.05, total_s=0.35),
-    )  # fmt: skip
+        step=2,
+        version=2,
+        groups=2,
+        trajectories=8,
+        group_ids=["g1", "g2"],
+        loss=0.25,
+        grad_norm=0.5,
+        clip_frac_low=0.1,
+        clip_frac_high=0.2,
+        entropy=3.5,
+        mean_logprob_diff=0.011,
+        ess=0.93,
+        ess_seq=0.8,
+        reward_mean=0.375,
+        zero_variance_groups=3,
+        stale_groups=1,
+        staleness_mean=1.5,
+        staleness_max=2,
+        tokens=96,
+        times=StepTimes(wait_s=0.1, update_s=0.2, publish_s=0.05, total_s=0.35),
+    )
     weights = make_event(
         WeightsPublished(version=2, path="/w/2", step=2, checksum="ab" * 32),
-        run_id="new", seq=2, time_ns=time.time_ns(), source="trainer", id_key="new/weights.history",
-    )  # fmt: skip
+        run_id="new",
+        seq=2,
+        time_ns=time.time_ns(),
+        source="trainer",
+        id_key="new/weights.history",
+    )
     with engine.begin() as conn:
         for event in (step_event("new", data, time.time_ns()), weights):
             upsert_projections(conn, projection_rows(to_wire(event)))

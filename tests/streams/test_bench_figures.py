@@ -14,8 +14,15 @@ from streams.tail import tail_share
 def test_percentile_is_the_nearest_rank_and_always_a_measured_value() -> None:
     values = [float(v) for v in range(10, 0, -1)]  # 10 .. 1, unsorted on purpose
     assert [percentile(values, q) for q in (0.0, 0.1, 0.5, 0.55, 0.9, 0.91, 0.99, 1.0)] == [
-        1.0, 1.0, 5.0, 6.0, 9.0, 10.0, 10.0, 10.0,
-    ]  # fmt: skip
+        1.0,
+        1.0,
+        5.0,
+        6.0,
+        9.0,
+        10.0,
+        10.0,
+        10.0,
+    ]
     rng = random.Random(7)
     sample = [rng.lognormvariate(0.6, 0.4) for _ in range(333)]
     for q in (0.5, 0.9, 0.99):

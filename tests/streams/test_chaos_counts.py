@@ -83,8 +83,11 @@ def test_every_kept_group_trained_once_in_offset_order() -> None:
     counts = count_training([*log, log[0]], steps)  # a group record read twice, a step re-written
     assert (counts.kept, counts.trained, counts.trained_twice, counts.skipped) == (4, 3, 0, 0)
     assert (counts.out_of_order, counts.untrained_tail, counts.step_conflicts, counts.groups_duplicated) == (
-        0, 1, 0, 0,
-    )  # fmt: skip
+        0,
+        1,
+        0,
+        0,
+    )
 
 
 def test_twice_skipped_out_of_order_and_conflicts_are_caught() -> None:

@@ -88,8 +88,9 @@ def test_a_killed_runs_partial_copy_never_mixes_with_the_rerun() -> None:
     and the killed run's events past the re-run's end are dropped."""
     killed = _events(turns=5, output_tokens=6, version=1)[:-3]  # died before finishing, longer so far
     killed = [e for e in killed if e.type != "trajectory.finished"]
-    rerun = trajectory_events("run", "run/g0", AttemptSpec(0, turns=2, output_tokens=3, version=2),
-                              source="rollout-1")  # fmt: skip
+    rerun = trajectory_events(
+        "run", "run/g0", AttemptSpec(0, turns=2, output_tokens=3, version=2), source="rollout-1"
+    )
     alone = fold_trajectory(rerun)
     assert max(e.seq for e in killed) > max(e.seq for e in rerun)
     for order in (killed + rerun, rerun + killed):

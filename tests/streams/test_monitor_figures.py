@@ -117,8 +117,9 @@ def test_fold_all_equals_record_by_record_and_caps_spans() -> None:
 def test_gauges_keep_the_newest_value_across_partitions() -> None:
     def step(n: int, grad: float) -> dict:
         times = StepTimes(wait_s=1, logprob_s=2, update_s=3, publish_s=4, total_s=10)
-        data = TrainerStep(step=n, version=n + 1, groups=1, trajectories=8, loss=0.1, grad_norm=grad,
-                           times=times)
+        data = TrainerStep(
+            step=n, version=n + 1, groups=1, trajectories=8, loss=0.1, grad_norm=grad, times=times
+        )
         event = make_event(data, run_id="r", seq=n, time_ns=(100 + n) * 10**9, source="trainer")
         return json.loads(encode_event(event))
 
@@ -131,15 +132,22 @@ def test_gauges_keep_the_newest_value_across_partitions() -> None:
 
 
 def test_cap_waits_are_counted_per_cap() -> None:
-    ready = SandboxReady(backend="docker", sandbox_id="s", queue_wait_s=3.0, start_s=1.0,
-                         cap_waits={"max_running": 2.0, "image_pulls": 1.0})  # fmt: skip
+    ready = SandboxReady(
+        backend="docker",
+        sandbox_id="s",
+        queue_wait_s=3.0,
+        start_s=1.0,
+        cap_waits={"max_running": 2.0, "image_pulls": 1.0},
+    )
     event = make_event(ready, run_id="r", seq=2, time_ns=10**18, source="w", group_id="g", trajectory_id="t")
     state = apply(None, record_update("sandbox.lifecycle", json.loads(encode_event(event)), SETTINGS), 0, 20)
     families = _families(render(state, {}, SETTINGS))
     waited = {s.labels["cap"]: s.value for s in families["rollstream_sandbox_cap_wait_seconds"]}
     assert waited == {"max_running": 2.0, "image_pulls": 1.0}
     assert {s.labels["cap"]: s.value for s in families["rollstream_sandbox_cap_waits"]} == {
-        "max_running": 1.0, "image_pulls": 1.0}  # fmt: skip
+        "max_running": 1.0,
+        "image_pulls": 1.0,
+    }
 
 
 def test_tail_share_and_quantiles() -> None:

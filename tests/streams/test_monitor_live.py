@@ -84,8 +84,12 @@ def prometheus(tmp_path: Path, monitor_port: int) -> Iterator[str]:
         "scrape_configs:\n"
         f"  - {{job_name: rollstream, static_configs: [{{targets: ['127.0.0.1:{monitor_port}']}}]}}\n"
     )
-    args = [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}"]  # fmt: skip
+    args = [
+        PROMETHEUS,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
     log = (tmp_path / "prometheus.log").open("wb")
     process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -144,8 +148,12 @@ def _sql_outcomes(config: Config) -> Counter[str]:
 
 
 def _start_monitor(config: Config, port: int, log: Path) -> subprocess.Popen[bytes]:
-    settings = [f'kafka.bootstrap="{config.kafka.bootstrap}"', f'topics.prefix="{config.topics.prefix}"',
-                f'run.state_dir="{config.state_dir}"', "monitor.session_timeout_s=6"]  # fmt: skip
+    settings = [
+        f'kafka.bootstrap="{config.kafka.bootstrap}"',
+        f'topics.prefix="{config.topics.prefix}"',
+        f'run.state_dir="{config.state_dir}"',
+        "monitor.session_timeout_s=6",
+    ]
     args = [*MONITOR, "--port", str(port), *(arg for s in settings for arg in ("-s", s))]
     return subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT)
 

@@ -157,8 +157,9 @@ def test_rerun_after_a_killed_worker_supersedes_its_partial_copy() -> None:
     """The killed run wrote more turns than the re-run will, under the same ids, with other samples:
     the trajectory emitted is the re-run's alone."""
     specs = _specs()
-    killed = trajectory_events("run", "run/g0", AttemptSpec(0, 0, 6, Outcome.RESOLVED, 1.0, 0, group_size=4),
-                               source="rollout-dead")[:-2]  # fmt: skip
+    killed = trajectory_events(
+        "run", "run/g0", AttemptSpec(0, 0, 6, Outcome.RESOLVED, 1.0, 0, group_size=4), source="rollout-dead"
+    )[:-2]
     rerun = trajectory_events("run", "run/g0", specs[0], source="rollout-1")
     others = [e for e in group_events("run", "run/g0", specs) if e.trajectory_id != rerun[0].trajectory_id]
     out = _feed(StreamProcessor(POLICY), killed + rerun + others)
@@ -175,8 +176,9 @@ def test_killed_copy_arriving_after_the_rerun_does_not_replace_it() -> None:
     """Copies interleaved (the re-run's events first, the killed run's late): the fold is the one
     `dedupe_by_seq` makes, the finishing run's copy, as replay of the same events gives."""
     specs = _specs()
-    killed = trajectory_events("run", "run/g0", AttemptSpec(0, 0, 6, Outcome.RESOLVED, 1.0, 0, group_size=4),
-                               source="rollout-dead")[:-2]  # fmt: skip
+    killed = trajectory_events(
+        "run", "run/g0", AttemptSpec(0, 0, 6, Outcome.RESOLVED, 1.0, 0, group_size=4), source="rollout-dead"
+    )[:-2]
     rerun = trajectory_events("run", "run/g0", specs[0], source="rollout-1")
     others = [e for e in group_events("run", "run/g0", specs) if e.trajectory_id != rerun[0].trajectory_id]
     out = _feed(StreamProcessor(POLICY), rerun[:-1] + killed + rerun[-1:] + others)

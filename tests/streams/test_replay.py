@@ -61,8 +61,9 @@ def test_replay_of_a_rerun_after_a_killed_worker_keeps_the_reruns_copy() -> None
     specs = [
         AttemptSpec(a, 0, 2 + a, o, r, 0, group_size=4, start_s=a * 0.1) for a, (o, r) in enumerate(outcomes)
     ]
-    killed = trajectory_events("run", "run/g0", AttemptSpec(0, 0, 6, Outcome.RESOLVED, 1.0, 0, group_size=4),
-                               source="rollout-dead")[:-2]  # fmt: skip
+    killed = trajectory_events(
+        "run", "run/g0", AttemptSpec(0, 0, 6, Outcome.RESOLVED, 1.0, 0, group_size=4), source="rollout-dead"
+    )[:-2]
     rerun = trajectory_events("run", "run/g0", specs[0], source="rollout-1")
     others = [e for e in group_events("run", "run/g0", specs) if e.trajectory_id != rerun[0].trajectory_id]
     events = killed + rerun + others

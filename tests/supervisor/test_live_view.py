@@ -35,23 +35,38 @@ S = 1_000_000_000
 
 def _event(data: Payload, seq: int, *, tid: str = "", run: str = RUN, at_s: float = 0.0) -> Event:
     return make_event(
-        data, run_id=run, seq=seq, time_ns=int(at_s * S), source="test", group_id="g0",
-        trajectory_id=tid or None, id_key=f"{run}:{tid}:{type(data).__name__}",
-    )  # fmt: skip
+        data,
+        run_id=run,
+        seq=seq,
+        time_ns=int(at_s * S),
+        source="test",
+        group_id="g0",
+        trajectory_id=tid or None,
+        id_key=f"{run}:{tid}:{type(data).__name__}",
+    )
 
 
 def _finished(outcome: Outcome) -> TrajectoryFinished:
     reward = None if outcome.is_infra_error else float(outcome == Outcome.RESOLVED)
-    return TrajectoryFinished(outcome=outcome, reward=reward, turns=3, generated_tokens=10,
-                              context_tokens=20, last_seq=9)  # fmt: skip
+    return TrajectoryFinished(
+        outcome=outcome, reward=reward, turns=3, generated_tokens=10, context_tokens=20, last_seq=9
+    )
 
 
 def _turn(queue_wait_s: float) -> TurnGenerated:
     return TurnGenerated(
-        turn=1, observation_token_ids=[1], output_token_ids=[2, 3], output_logprobs=[-0.1, -0.2],
-        output_versions=[0, 0], finish_reason="stop", engine_id="e0", weight_version=0,
-        context_tokens=3, queue_wait_s=queue_wait_s, latency_s=0.1,
-    )  # fmt: skip
+        turn=1,
+        observation_token_ids=[1],
+        output_token_ids=[2, 3],
+        output_logprobs=[-0.1, -0.2],
+        output_versions=[0, 0],
+        finish_reason="stop",
+        engine_id="e0",
+        weight_version=0,
+        context_tokens=3,
+        queue_wait_s=queue_wait_s,
+        latency_s=0.1,
+    )
 
 
 def _ready(queue_wait_s: float) -> SandboxReady:
@@ -59,15 +74,26 @@ def _ready(queue_wait_s: float) -> SandboxReady:
 
 
 def _step(step: int) -> TrainerStep:
-    return TrainerStep(step=step, version=step, groups=1, trajectories=4, loss=0.1, grad_norm=0.07,
-                       mean_logprob_diff=0.011, ess=0.93, reward_mean=0.25)  # fmt: skip
+    return TrainerStep(
+        step=step,
+        version=step,
+        groups=1,
+        trajectories=4,
+        loss=0.1,
+        grad_norm=0.07,
+        mean_logprob_diff=0.011,
+        ess=0.93,
+        reward_mean=0.25,
+    )
 
 
 def run_events() -> list[Event]:
     """A small run: 4 requests, 3 started, outcomes of 3 kinds, 2 groups, a step and a version."""
     started = TrajectoryStarted(attempt=0, group_size=4, limits=Limits())
-    events = [_event(RolloutRequested(task_dir="t", attempt=i, group_size=4), 0, tid=f"t{i}", at_s=0.0)
-              for i in range(4)]  # fmt: skip
+    events = [
+        _event(RolloutRequested(task_dir="t", attempt=i, group_size=4), 0, tid=f"t{i}", at_s=0.0)
+        for i in range(4)
+    ]
     events += [_event(started, 0, tid=f"t{i}", at_s=float(i)) for i in range(3)]  # slot waits 0, 1, 2 s
     events += [
         _event(SandboxReady(backend="bwrap", sandbox_id="b", queue_wait_s=0.5, start_s=0.1), 1, tid="t0")
@@ -114,8 +140,13 @@ def test_the_binding_cap_follows_where_the_waiting_is() -> None:
     for seq in range(3, 8):
         view.apply(_event(_turn(1.0), seq, tid="a"))
     assert view.binding_cap() == "engine queue"
-    named = SandboxReady(backend="bwrap", sandbox_id="c", queue_wait_s=9.0, start_s=0.1,
-                         cap_waits={"running": 8.0, "start_rate": 0.5})  # fmt: skip
+    named = SandboxReady(
+        backend="bwrap",
+        sandbox_id="c",
+        queue_wait_s=9.0,
+        start_s=0.1,
+        cap_waits={"running": 8.0, "start_rate": 0.5},
+    )
     view.apply(_event(named, 1, tid="b"))
     assert view.binding_cap() == "sandbox running"  # the pool's own cap, named on the event
     assert view.waits["sandbox start_rate"].total_s == 0.5 and view.waits["sandbox pool"].total_s == 4.0
@@ -139,14 +170,18 @@ def test_the_screen_shows_every_part_of_the_run() -> None:
         "exited with code -9",
         "rollout",
     ):
-        assert expected in text, expected  # fmt: skip
+        assert expected in text, expected
 
 
 def test_the_follower_reads_the_runs_topics_from_the_broker(kafka_config: Config) -> None:
     events = run_events()
     now = time.time_ns()
-    topic_of = {"rollout.requested": "rollout.requests", "group.formed": "groups",
-                "trainer.step": "trainer.steps", "weights.published": "weights.history"}  # fmt: skip
+    topic_of = {
+        "rollout.requested": "rollout.requests",
+        "group.formed": "groups",
+        "trainer.step": "trainer.steps",
+        "weights.published": "weights.history",
+    }
 
     async def scenario() -> RunView:
         view = RunView(RUN, slots=3)

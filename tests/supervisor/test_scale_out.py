@@ -48,12 +48,21 @@ def cluster(base_config: Config) -> Iterator[Config]:
 
 def overrides(cluster: Config, state: Path, name: str) -> list[str]:
     return [
-        *LEARNING_DEFAULTS, *kafka.cluster_overrides(cluster, BROKERS), *isolated(name),
-        f'run.state_dir="{state}"', f"policy.group_size={GROUP}", f"learning.train_tasks={TASKS}",
-        "learning.heldout_tasks=1", "learning.seed=3", "rollout.concurrency=8", "sandbox.pool.warm_pool=0",
-        "topics.rollout_requests_partitions=4", "topics.rollout_events_partitions=4",
-        "topics.trajectories_partitions=2", "topics.groups_partitions=2",
-    ]  # fmt: skip
+        *LEARNING_DEFAULTS,
+        *kafka.cluster_overrides(cluster, BROKERS),
+        *isolated(name),
+        f'run.state_dir="{state}"',
+        f"policy.group_size={GROUP}",
+        f"learning.train_tasks={TASKS}",
+        "learning.heldout_tasks=1",
+        "learning.seed=3",
+        "rollout.concurrency=8",
+        "sandbox.pool.warm_pool=0",
+        "topics.rollout_requests_partitions=4",
+        "topics.rollout_events_partitions=4",
+        "topics.trajectories_partitions=2",
+        "topics.groups_partitions=2",
+    ]
 
 
 def run_topology(cluster: Config, state: Path, workers: int, logs: Path) -> dict[str, dict]:
@@ -66,8 +75,15 @@ def run_topology(cluster: Config, state: Path, workers: int, logs: Path) -> dict
     with Supervisor(logs / f"x{workers}", config_args, cfg.supervisor) as pipeline:
         for i in range(workers):
             pipeline.start(f"worker-{i}", ["worker", "--name", f"worker-{i}"])
-            rollout = ["rollout", "--policy", "expert", "--tasks", str(paths.train_tasks),
-                       "--model", str(paths.base_model)]  # fmt: skip
+            rollout = [
+                "rollout",
+                "--policy",
+                "expert",
+                "--tasks",
+                str(paths.train_tasks),
+                "--model",
+                str(paths.base_model),
+            ]
             pipeline.start(f"rollout-{i}", rollout)
         for group in (cfg.streams.group_id, cfg.rollout.consumer_group):
             asyncio.run(wait_for_members(cfg, group, workers))  # each worker owns partitions first
@@ -117,9 +133,12 @@ async def read_run(cfg: Config, requested: list[str]) -> dict[str, dict]:
         assert isinstance(data, GroupFormed)
         record = (data.members, data.rewards, data.advantages, data.dropped)
         assert groups.setdefault(item.event.group_id, record) == record
-    return {"counts": {"lost": counts.lost, "duplicated": counts.duplicated, "finished": counts.finished},
-            "trajectories": trajectories, "groups": groups,
-            "workers": (len(rollout_sources), len(stream_sources))}  # fmt: skip
+    return {
+        "counts": {"lost": counts.lost, "duplicated": counts.duplicated, "finished": counts.finished},
+        "trajectories": trajectories,
+        "groups": groups,
+        "workers": (len(rollout_sources), len(stream_sources)),
+    }
 
 
 def test_two_of_every_worker_give_the_same_trajectories_and_groups(cluster: Config, tmp_path: Path) -> None:

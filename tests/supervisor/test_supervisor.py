@@ -18,15 +18,23 @@ from rollstream.supervisor import ProcessExitedError, ProcessStatus, State, Supe
 from tests.process_tree import LeakWatch
 
 FAST = SupervisorSettings(
-    backoff_s=0.2, backoff_max_s=1.0, health_interval_s=0.2, heartbeat_interval_s=0.5,
-    hung_after_s=30.0, startup_grace_s=90.0, stop_timeout_s=10.0,
-)  # fmt: skip
+    backoff_s=0.2,
+    backoff_max_s=1.0,
+    health_interval_s=0.2,
+    heartbeat_interval_s=0.5,
+    hung_after_s=30.0,
+    startup_grace_s=90.0,
+    stop_timeout_s=10.0,
+)
 
 
 def child_args(cfg: Config) -> list[str]:
     """The --set arguments that put a child on the test's broker and topics."""
-    sets = [f'kafka.bootstrap="{cfg.kafka.bootstrap}"', f'topics.prefix="{cfg.topics.prefix}"',
-            f'run.state_dir="{cfg.state_dir}"']  # fmt: skip
+    sets = [
+        f'kafka.bootstrap="{cfg.kafka.bootstrap}"',
+        f'topics.prefix="{cfg.topics.prefix}"',
+        f'run.state_dir="{cfg.state_dir}"',
+    ]
     return [arg for item in sets for arg in ("--set", item)]
 
 

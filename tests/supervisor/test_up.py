@@ -20,8 +20,12 @@ from tests.supervisor.test_supervisor import child_args, wait_for
 from trainer.checkpoint import init_model_dir
 from trainer.settings import ModelSettings
 
-QUICK = ["supervisor.backoff_s=0.1", "supervisor.health_interval_s=0.2",
-         "supervisor.heartbeat_interval_s=0.5", "live.refresh_s=0.5"]  # fmt: skip
+QUICK = [
+    "supervisor.backoff_s=0.1",
+    "supervisor.health_interval_s=0.2",
+    "supervisor.heartbeat_interval_s=0.5",
+    "live.refresh_s=0.5",
+]
 
 
 def start_up(
@@ -30,8 +34,9 @@ def start_up(
     watch = LeakWatch()
     overrides = [arg for item in (*QUICK, *sets) for arg in ("--set", item)]
     command = [sys.executable, "-m", "rollstream", "up", *args, *child_args(cfg), *overrides]
-    proc = subprocess.Popen(command, cwd=cwd, env=watch.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        command, cwd=cwd, env=watch.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     watch.follow(proc.pid)
     return proc, watch
 
@@ -55,9 +60,14 @@ def test_up_gives_up_on_a_child_that_keeps_crashing_and_stops_the_rest(
     kafka_config: Config, tmp_path: Path
 ) -> None:
     proc, watch = start_up(
-        kafka_config, tmp_path, "--engines", "0", "--rollout-workers", "0",
+        kafka_config,
+        tmp_path,
+        "--engines",
+        "0",
+        "--rollout-workers",
+        "0",
         sets=("supervisor.max_restarts=1", 'db.url="sqlite:////proc/no-such-dir/events.db"'),
-    )  # fmt: skip
+    )
     code, out = finish(proc, watch, timeout_s=120)
     assert code == 1, out
     assert "sink was given up after 1 restarts" in out
@@ -72,8 +82,13 @@ def test_up_runs_every_process_type_and_sigint_stops_them_all(
     model = init_model_dir(ModelSettings(), tmp_path / "model")
     run = f"up-{uuid.uuid4().hex[:6]}"
     tasks = default_tasks_dir.resolve()
-    sets = (f'model.path="{model}"', f'tasks.root="{tasks}"', f"engine.port={free_port()}",
-            "sandbox.pool.warm_pool=1", "supervisor.hung_after_s=120")  # fmt: skip
+    sets = (
+        f'model.path="{model}"',
+        f'tasks.root="{tasks}"',
+        f"engine.port={free_port()}",
+        "sandbox.pool.warm_pool=1",
+        "supervisor.hung_after_s=120",
+    )
     proc, watch = start_up(kafka_config, tmp_path, "--run", run, sets=sets)
     logs = kafka_config.state_dir / "runs" / run / "logs"
     names = ("engine", "worker", "sink", "rollout", "trainer")

@@ -79,8 +79,9 @@ def test_the_prompts_hold_no_word_a_fix_keys_on_so_only_the_shown_line_does() ->
     prompts = system_prompt(SUBMIT) + instance_prompt(INSTRUCTION)
     for word in (r"\bnot\b", r" < ", r"\bmin\b", r"\+ 1\b"):
         assert not re.search(word, prompts), word
-    negation, comparison = (next(t for t in family_tasks("heldout", 8, 0) if t.kind == k)
-                            for k in ("negation", "comparison"))  # fmt: skip
+    negation, comparison = (
+        next(t for t in family_tasks("heldout", 8, 0) if t.kind == k) for k in ("negation", "comparison")
+    )
     assert "return not " in negation.lib and " < " in comparison.lib  # the words checked are the real ones
 
 

@@ -30,9 +30,14 @@ CODES = range(2, 6)  # the vocabulary: ASK, TOOL and four codes
 GROUPS_PER_STEP, GROUP_SIZE, MAX_STEPS, WINDOW, CONVERGED = 8, 8, 100, 5, 0.9
 SETTINGS = TrainerSettings(lr=1e-2, micro_batch_tokens=256)
 CONFIG = ModelConfig(
-    vocab_size=6, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-    intermediate_size=64, max_position=8,
-)  # fmt: skip
+    vocab_size=6,
+    hidden_size=32,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    intermediate_size=64,
+    max_position=8,
+)
 
 
 @dataclass(frozen=True)
@@ -73,12 +78,20 @@ def play(model: PolicyModel, episodes: int, generator: torch.Generator) -> list[
 def assembled(episode: Episode) -> TrajectoryAssembled:
     generated = sum(episode.loss_mask)
     return TrajectoryAssembled(
-        attempt=0, outcome=Outcome.RESOLVED if episode.reward else Outcome.UNRESOLVED, reward=episode.reward,
-        token_ids=episode.token_ids, loss_mask=episode.loss_mask, rollout_logprobs=episode.logprobs,
-        token_versions=[-1 if m == 0 else 0 for m in episode.loss_mask], prompt_tokens=1,
-        turns=generated, generated_tokens=generated, context_tokens=len(episode.token_ids),
-        times=TimeBreakdown(), policy={},
-    )  # fmt: skip
+        attempt=0,
+        outcome=Outcome.RESOLVED if episode.reward else Outcome.UNRESOLVED,
+        reward=episode.reward,
+        token_ids=episode.token_ids,
+        loss_mask=episode.loss_mask,
+        rollout_logprobs=episode.logprobs,
+        token_versions=[-1 if m == 0 else 0 for m in episode.loss_mask],
+        prompt_tokens=1,
+        turns=generated,
+        generated_tokens=generated,
+        context_tokens=len(episode.token_ids),
+        times=TimeBreakdown(),
+        policy={},
+    )
 
 
 def kept_samples(group_index: int, episodes: list[Episode], policy: PolicySettings) -> list[TrainSample]:

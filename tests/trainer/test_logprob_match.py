@@ -53,10 +53,15 @@ def test_trainer_logprobs_match_the_engine_over_a_multi_turn_trajectory(engine: 
     rollout = [0.0] * len(prompt) + list(first.output_logprobs) + [0.0] * len(observation)
     rollout += list(second.output_logprobs)
     sample = TrainSample(
-        group_id="g", trajectory_id="t", token_ids=array("i", token_ids), loss_mask=array("b", loss_mask),
-        rollout_logprobs=array("d", rollout), token_versions=array("i", [0] * len(token_ids)),
-        advantage=1.0, reward=1.0,
-    )  # fmt: skip
+        group_id="g",
+        trajectory_id="t",
+        token_ids=array("i", token_ids),
+        loss_mask=array("b", loss_mask),
+        rollout_logprobs=array("d", rollout),
+        token_versions=array("i", [0] * len(token_ids)),
+        advantage=1.0,
+        reward=1.0,
+    )
 
     model = load_model(model_dir)
     settings = TrainerSettings()
@@ -64,8 +69,10 @@ def test_trainer_logprobs_match_the_engine_over_a_multi_turn_trajectory(engine: 
     generated = torch.tensor(loss_mask[1:]) > 0  # position t scores token t+1
     engine_logprobs = torch.tensor(rollout[1:], dtype=torch.float64)[generated]
     diffs = (scored.double()[generated] - engine_logprobs).abs()
-    print(f"mean |dlogprob| {float(diffs.mean()):.2e}, max {float(diffs.max()):.2e}, "
-          f"turn-2 prompt tokens from the prefix cache: {second.cached_tokens}")  # fmt: skip
+    print(
+        f"mean |dlogprob| {float(diffs.mean()):.2e}, max {float(diffs.max()):.2e}, "
+        f"turn-2 prompt tokens from the prefix cache: {second.cached_tokens}"
+    )
     assert diffs.numel() == 48
     assert float(diffs.mean()) <= 1e-4
 
@@ -84,11 +91,15 @@ def test_rl_step_scores_at_the_rollouts_temperature(engine: tuple[Engine, Path])
     out = running.submit("hot", prompt, params).result(TIMEOUT)
     token_ids = [*prompt, *out.output_ids]
     sample = TrainSample(
-        group_id="g", trajectory_id="t", token_ids=array("i", token_ids),
+        group_id="g",
+        trajectory_id="t",
+        token_ids=array("i", token_ids),
         loss_mask=array("b", [0] * len(prompt) + [1] * len(out.output_ids)),
         rollout_logprobs=array("d", [0.0] * len(prompt) + list(out.output_logprobs)),
-        token_versions=array("i", [0] * len(token_ids)), advantage=1.0, reward=1.0,
-    )  # fmt: skip
+        token_versions=array("i", [0] * len(token_ids)),
+        advantage=1.0,
+        reward=1.0,
+    )
     settings = TrainerSettings()
     matched, wrong = load_model(model_dir), load_model(model_dir)
     at_07 = rl_step(matched, make_optimizer(matched, settings, settings.lr), [sample], settings, CPU, 0.7)

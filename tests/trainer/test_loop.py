@@ -126,8 +126,12 @@ def test_a_run_on_kafka_publishes_versions_and_steps(config_factory: Callable[..
                 await producer.send(topic, event)
 
     asyncio.run(write_groups_before_their_trajectories())
-    config_args = (f'kafka.bootstrap="{cfg.kafka.bootstrap}"', f'topics.prefix="{cfg.topics.prefix}"',
-                   f'run.state_dir="{cfg.run.state_dir}"', *overrides)  # fmt: skip
+    config_args = (
+        f'kafka.bootstrap="{cfg.kafka.bootstrap}"',
+        f'topics.prefix="{cfg.topics.prefix}"',
+        f'run.state_dir="{cfg.run.state_dir}"',
+        *overrides,
+    )
     result = invoke_train("--run", "loop", "--steps", "2", *settings_args(*config_args))
     assert result.exit_code == 0, result.output
 

@@ -136,9 +136,15 @@ def loss_and_grad(batch: dict[str, torch.Tensor], rows: list[slice], settings: T
     total = torch.zeros(())
     for part in rows:
         loss, _ = policy_loss(
-            logits[part], batch["token_ids"][part], batch["logp_old"][part], batch["logp_rollout"][part],
-            batch["advantages"][part], batch["mask"][part], settings, denominators,
-        )  # fmt: skip
+            logits[part],
+            batch["token_ids"][part],
+            batch["logp_old"][part],
+            batch["logp_rollout"][part],
+            batch["advantages"][part],
+            batch["mask"][part],
+            settings,
+            denominators,
+        )
         loss.backward()
         total = total + loss.detach()
     assert logits.grad is not None
@@ -171,8 +177,11 @@ def test_effective_sample_size_and_mismatch_by_hand() -> None:
     assert effective_sample_size(torch.log(torch.tensor([1.0, 3.0]))) == pytest.approx(16 / 20)
     assert effective_sample_size(torch.full((5,), -700.0)) == pytest.approx(1.0)  # stable far from 0
     old = [torch.tensor([-1.0, -2.0, -9.0]), torch.tensor([-1.0, -1.0, -1.0]), torch.tensor([-4.0])]
-    rollout = [torch.tensor([-1.0, -2.0 - math.log(3.0), 0.0]), torch.tensor([-1.0, -1.5, -0.5]),
-               torch.tensor([0.0])]  # fmt: skip
+    rollout = [
+        torch.tensor([-1.0, -2.0 - math.log(3.0), 0.0]),
+        torch.tensor([-1.0, -1.5, -0.5]),
+        torch.tensor([0.0]),
+    ]
     masks = [torch.tensor([1.0, 1.0, 0.0]), torch.tensor([1.0, 1.0, 1.0]), torch.tensor([0.0])]
     metrics = mismatch_metrics(old, rollout, masks)
     # token log-ratios on loss tokens: 0, log 3 | 0, 0.5, -0.5 (the third sequence has none)

@@ -19,8 +19,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_directory_has_the_hf_layout(model_dir: Path) -> None:
     names = {p.name for p in model_dir.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-            "generation_config.json"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    } <= names
     assert read_config(model_dir).model == ModelConfig.from_settings(ModelSettings())
     assert weight_version(model_dir) == 0
 
@@ -82,8 +87,15 @@ def test_init_refuses_to_overwrite(model_dir: Path) -> None:
 
 
 def test_cached_ragged_forward_equals_full_forward() -> None:
-    config = ModelConfig(vocab_size=300, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                         intermediate_size=128, max_position=512)
+    config = ModelConfig(
+        vocab_size=300,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        max_position=512,
+    )
     model = build_model(config, seed=1)
     ids = torch.randint(0, 300, (3, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -102,8 +114,14 @@ def test_cached_ragged_forward_equals_full_forward() -> None:
 
 @pytest.mark.parametrize(("hidden", "layers", "low", "high"), [(64, 2, 0.3e6, 1.5e6), (512, 8, 25e6, 100e6)])
 def test_sizes_follow_the_config(hidden: int, layers: int, low: float, high: float) -> None:
-    settings = ModelSettings(hidden_size=hidden, num_layers=layers, num_heads=8, num_kv_heads=4,
-                             intermediate_size=hidden * 8 // 3, vocab_size=4096)
+    settings = ModelSettings(
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=8,
+        num_kv_heads=4,
+        intermediate_size=hidden * 8 // 3,
+        vocab_size=4096,
+    )
     with torch.device("meta"):
         from trainer.model import PolicyModel
 
@@ -113,5 +131,12 @@ def test_sizes_follow_the_config(hidden: int, layers: int, low: float, high: flo
 
 def test_bad_shapes_are_refused() -> None:
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
-        ModelConfig(vocab_size=300, hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=3,
-                    intermediate_size=128, max_position=64)
+        ModelConfig(
+            vocab_size=300,
+            hidden_size=64,
+            num_layers=1,
+            num_heads=4,
+            num_kv_heads=3,
+            intermediate_size=128,
+            max_position=64,
+        )

@@ -36,15 +36,29 @@ from trainer.versions import TEMP_PREFIX, directory_sha256, version_dir
 RUN = "resume-run"
 STEPS = 6
 SPEC = GroupLogSpec(run_id=RUN, groups=16, vocab_size=300, zero_variance_every=5, stale_groups=(11,))
-OVERRIDES = (*TINY_MODEL, *FAST_TRAINER, "trainer.groups_per_step=2", "trainer.checkpoint_every=2",
-             "policy.max_staleness=2")  # fmt: skip
+OVERRIDES = (
+    *TINY_MODEL,
+    *FAST_TRAINER,
+    "trainer.groups_per_step=2",
+    "trainer.checkpoint_every=2",
+    "policy.max_staleness=2",
+)
 KILLS = ("phase=update step=2", "phase=publish.rename step=3", "phase=between step=5")
 DEADLINE_S = 300  # generous: a loaded 2-core machine takes ~30 s just to import torch
 
 
 def _start(cfg: Config) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "rollstream", "train", "--run", RUN, "--steps", str(STEPS),
-               *settings_args(*_config_args(cfg), "trainer.phase_pause_s=0.3")]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "rollstream",
+        "train",
+        "--run",
+        RUN,
+        "--steps",
+        str(STEPS),
+        *settings_args(*_config_args(cfg), "trainer.phase_pause_s=0.3"),
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(command, stderr=subprocess.STDOUT, stdout=subprocess.PIPE, text=True, env=env)
 

@@ -30,11 +30,18 @@ def _sft_rows(count: int) -> list[dict[str, object]]:
     for index in range(count):
         prompt = [rng.randrange(3, 300) for _ in range(6)]
         answer = [7, 8, 9, 10, 11, 12, 13, 14] * 2
-        rows.append({
-            "run_id": "base", "task_id": f"t{index}", "trajectory_id": f"tr{index}",
-            "messages": [{"role": "user", "content": "?"}], "input_ids": prompt + answer,
-            "loss_mask": [0] * len(prompt) + [1] * len(answer), "reward": 1.0, "turns": 1,
-        })  # fmt: skip
+        rows.append(
+            {
+                "run_id": "base",
+                "task_id": f"t{index}",
+                "trajectory_id": f"tr{index}",
+                "messages": [{"role": "user", "content": "?"}],
+                "input_ids": prompt + answer,
+                "loss_mask": [0] * len(prompt) + [1] * len(answer),
+                "reward": 1.0,
+                "turns": 1,
+            }
+        )
     return rows
 
 
@@ -48,12 +55,25 @@ def test_sft_loss_falls_and_its_last_version_starts_rl(
     write_rows(_sft_rows(8), jsonl)
     write_rows(_sft_rows(8), parquet)
     assert read_sft_dataset(parquet, 300) == read_sft_dataset(jsonl, 300)
-    config_args = (f'kafka.bootstrap="{cfg.kafka.bootstrap}"', f'topics.prefix="{cfg.topics.prefix}"',
-                   f'run.state_dir="{cfg.run.state_dir}"', *overrides)  # fmt: skip
+    config_args = (
+        f'kafka.bootstrap="{cfg.kafka.bootstrap}"',
+        f'topics.prefix="{cfg.topics.prefix}"',
+        f'run.state_dir="{cfg.run.state_dir}"',
+        *overrides,
+    )
     out = tmp_path / "sft-out"
 
-    result = invoke_train("--run", "sft-run", "--sft", str(parquet), "--out", str(out), "--epochs", "5",
-                          *settings_args(*config_args))  # fmt: skip
+    result = invoke_train(
+        "--run",
+        "sft-run",
+        "--sft",
+        str(parquet),
+        "--out",
+        str(out),
+        "--epochs",
+        "5",
+        *settings_args(*config_args),
+    )
     assert result.exit_code == 0, result.output
 
     steps = [r.event.data for r in read_steps(cfg)]
@@ -66,8 +86,9 @@ def test_sft_loss_falls_and_its_last_version_starts_rl(
 
     write_log(cfg, GroupLogSpec(run_id="rl-run", groups=4, vocab_size=300))
     # the log's groups come from version 0; at version 10 they would be stale
-    rl_args = settings_args(*config_args, "trainer.groups_per_step=2", "policy.max_staleness=-1",
-                            f'model.path="{last}"')  # fmt: skip
+    rl_args = settings_args(
+        *config_args, "trainer.groups_per_step=2", "policy.max_staleness=-1", f'model.path="{last}"'
+    )
     result = invoke_train("--run", "rl-run", "--steps", "1", *rl_args)
     assert result.exit_code == 0, result.output
     first_rl = version_dir(cfg.weights_dir, "rl-run", 11)  # RL continues the SFT version numbers

@@ -18,36 +18,58 @@ from trainer.step import SftSequence, make_optimizer, rl_step, sequence_logprobs
 
 CPU = torch.device("cpu")
 CONFIG = ModelConfig(
-    vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
-    intermediate_size=64, max_position=64,
-)  # fmt: skip
+    vocab_size=64,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=64,
+    max_position=64,
+)
 SETTINGS = TrainerSettings(lr=1e-3)
 
 
 def trajectory(tokens: list[int], mask: list[int], reward: float = 1.0) -> TrajectoryAssembled:
     logprobs = [-1.0 - 0.1 * i if m else 0.0 for i, m in enumerate(mask)]
     return TrajectoryAssembled(
-        attempt=0, outcome=Outcome.RESOLVED, reward=reward, token_ids=tokens, loss_mask=mask,
-        rollout_logprobs=logprobs, token_versions=[0 if m else -1 for m in mask], prompt_tokens=2,
-        turns=1, generated_tokens=sum(mask), context_tokens=len(tokens), times=TimeBreakdown(), policy={},
-    )  # fmt: skip
+        attempt=0,
+        outcome=Outcome.RESOLVED,
+        reward=reward,
+        token_ids=tokens,
+        loss_mask=mask,
+        rollout_logprobs=logprobs,
+        token_versions=[0 if m else -1 for m in mask],
+        prompt_tokens=2,
+        turns=1,
+        generated_tokens=sum(mask),
+        context_tokens=len(tokens),
+        times=TimeBreakdown(),
+        policy={},
+    )
 
 
 def group(members: list[str], **overrides: object) -> GroupFormed:
     fields: dict[str, object] = {
-        "members": members, "rewards": [1.0, 0.0, 0.0][: len(members)],
-        "advantages": [1.4, -0.7, -0.7][: len(members)], "policy": {},
-    }  # fmt: skip
+        "members": members,
+        "rewards": [1.0, 0.0, 0.0][: len(members)],
+        "advantages": [1.4, -0.7, -0.7][: len(members)],
+        "policy": {},
+    }
     return GroupFormed(**{**fields, **overrides})
 
 
 def sample(tokens: list[int], mask: list[int], advantage: float, **overrides: object) -> TrainSample:
     t = trajectory(tokens, mask)
     fields: dict[str, object] = {
-        "group_id": "g", "trajectory_id": f"t{tokens[0]}", "token_ids": t.token_ids, "loss_mask": t.loss_mask,
-        "rollout_logprobs": t.rollout_logprobs, "token_versions": t.token_versions, "advantage": advantage,
+        "group_id": "g",
+        "trajectory_id": f"t{tokens[0]}",
+        "token_ids": t.token_ids,
+        "loss_mask": t.loss_mask,
+        "rollout_logprobs": t.rollout_logprobs,
+        "token_versions": t.token_versions,
+        "advantage": advantage,
         "reward": 1.0 if advantage > 0 else 0.0,
-    }  # fmt: skip
+    }
     return TrainSample(**{**fields, **overrides})  # type: ignore[arg-type]
 
 
@@ -153,10 +175,14 @@ def test_rl_step_metrics_when_engine_and_trainer_agree() -> None:
     base = batch_of_samples()
     scored = sequence_logprobs(model, base, SETTINGS, CPU)
     samples = [
-        sample(list(s.token_ids), list(s.loss_mask), s.advantage,
-               rollout_logprobs=array("d", [0.0, *logprobs.tolist()]))
+        sample(
+            list(s.token_ids),
+            list(s.loss_mask),
+            s.advantage,
+            rollout_logprobs=array("d", [0.0, *logprobs.tolist()]),
+        )
         for s, logprobs in zip(base, scored, strict=True)
-    ]  # fmt: skip
+    ]
     _, (metrics,) = trained(model, samples, SETTINGS, steps=1)
     assert metrics.mean_logprob_diff < 1e-6
     assert metrics.ess == pytest.approx(1.0) and metrics.ess_seq == pytest.approx(1.0)

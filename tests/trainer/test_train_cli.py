@@ -34,8 +34,13 @@ def said(result: Result) -> str:
 
 
 def _args(cfg: Config, *extra: str) -> list[str]:
-    return settings_args(f'kafka.bootstrap="{cfg.kafka.bootstrap}"', f'topics.prefix="{cfg.topics.prefix}"',
-                         f'run.state_dir="{cfg.run.state_dir}"', *OVERRIDES, *extra)  # fmt: skip
+    return settings_args(
+        f'kafka.bootstrap="{cfg.kafka.bootstrap}"',
+        f'topics.prefix="{cfg.topics.prefix}"',
+        f'run.state_dir="{cfg.run.state_dir}"',
+        *OVERRIDES,
+        *extra,
+    )
 
 
 def test_help_says_what_each_flag_does() -> None:
@@ -54,8 +59,9 @@ def test_bad_input_gets_a_clear_error(config_factory: Callable[..., Config], tmp
     assert "does not match the config" in said(wrong_model) and "hidden_size=16 there" in said(wrong_model)
 
     foreign = tmp_path / "other.pt"
-    save_checkpoint(foreign, Checkpoint(run_id="other", mode="rl", version=3, step=3, model_shape={},
-                                        backend_state={}))  # fmt: skip
+    save_checkpoint(
+        foreign, Checkpoint(run_id="other", mode="rl", version=3, step=3, model_shape={}, backend_state={})
+    )
     other_run = invoke_train("--run", "mine", "--checkpoint", str(foreign), *_args(cfg))
     assert other_run.exit_code == 1 and "checkpoint of run 'other'" in said(other_run)
 
@@ -72,8 +78,13 @@ def test_sigterm_checkpoints_and_exits_0(config_factory: Callable[..., Config]) 
     make_model(cfg)
     write_log(cfg, GroupLogSpec(run_id="term", groups=3, vocab_size=300))  # one step, then it waits for more
     command = [sys.executable, "-m", "rollstream", "train", "--run", "term", *_args(cfg)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     timer = threading.Timer(300, process.kill)
     timer.start()
     lines = []
@@ -87,8 +98,9 @@ def test_sigterm_checkpoints_and_exits_0(config_factory: Callable[..., Config]) 
     finally:
         timer.cancel()
     assert process.returncode == 0, "".join(lines)
-    saved = load_checkpoint(checkpoint_path(cfg.state_dir, "term"), run_id="term", mode="rl",
-                            model_shape=_shape(cfg))  # fmt: skip
+    saved = load_checkpoint(
+        checkpoint_path(cfg.state_dir, "term"), run_id="term", mode="rl", model_shape=_shape(cfg)
+    )
     assert saved is not None and (saved.step, saved.version) == (1, 1)
     assert sum(saved.offsets["groups"].values()) == 2  # the third group waits for a batch: read again
 

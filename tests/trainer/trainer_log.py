@@ -16,12 +16,20 @@ from trainer.checkpoint import init_model_dir
 from trainer.versions import version_dir
 
 TINY_MODEL = (
-    "model.vocab_size=300", "model.hidden_size=16", "model.num_layers=1", "model.num_heads=2",
-    "model.num_kv_heads=1", "model.intermediate_size=32", "model.max_position=256",
-)  # fmt: skip
+    "model.vocab_size=300",
+    "model.hidden_size=16",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=32",
+    "model.max_position=256",
+)
 FAST_TRAINER = (
-    "trainer.torch_threads=1", "trainer.lr=0.01", "trainer.poll_ms=50", "trainer.micro_batch_tokens=96",
-)  # fmt: skip
+    "trainer.torch_threads=1",
+    "trainer.lr=0.01",
+    "trainer.poll_ms=50",
+    "trainer.micro_batch_tokens=96",
+)
 
 
 def settings_args(*overrides: str) -> list[str]:
