@@ -39,11 +39,12 @@ import shlex
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from agents.chat import ChatFormat
+from agents.conversation import Conversation
 from agents.engine.protocol import EngineError, Generation, SamplingParams
 from agents.identity import request_id, sampling_seed
 from agents.limits import CallBudget, next_call_budget, stop_after_call
@@ -132,8 +133,6 @@ class EpisodeServices:
 class _Counters:
     turns: int = 0
     generated: int = 0
-    context: list[int] = field(default_factory=list)
-    pending_observation: list[int] = field(default_factory=list)
     llm_s: float = 0.0
     tool_s: float = 0.0
     tests_s: float = 0.0
@@ -176,6 +175,8 @@ class Episode:
         self._cancellable = False
         self._rid: str | None = None
         self._agent_deadline = float("inf")  # set when the agent's turns begin
+        system = system_prompt(services.agent.submit_command)
+        self.conversation = Conversation.start(services.chat, system, instance_prompt(spec.task.instruction))
 
     # ---- control -------------------------------------------------------------------
 
@@ -190,10 +191,7 @@ class Episode:
     async def run(self) -> TrajectoryFinished:
         self._task = asyncio.current_task()  # type: ignore[assignment]
         started = time.monotonic()
-        prompt = self.services.chat.prompt(
-            system_prompt(self.services.agent.submit_command), instance_prompt(self.spec.task.instruction)
-        )
-        self.counters.context = list(prompt)
+        prompt = self.conversation.prompt
         s = self.spec
         await self._emit(
             TrajectoryStarted(
@@ -313,7 +311,7 @@ class Episode:
         format_errors = 0
         self._agent_deadline = time.monotonic() + self.spec.task.agent_timeout_s
         while True:
-            budget = next_call_budget(self.spec.limits, c.turns, c.generated, len(c.context))
+            budget = next_call_budget(self.spec.limits, c.turns, c.generated, len(self.conversation))
             if budget.stop is not None:
                 return Ending(budget.stop)
             if self._agent_time_left() <= 0:
@@ -353,7 +351,7 @@ class Episode:
         self._rid = request_id(self.spec.trajectory_id, turn)
         t0 = time.monotonic()
         try:  # on cancellation `_rid` stays set, so a deadline abort can abort it in the engine
-            generation = await self.services.policy.generate(list(c.context), params, self._rid)
+            generation = await self.services.policy.generate(list(self.conversation.ids), params, self._rid)
         except EngineError as error:
             self._rid = None
             outcome = ENGINE_ERROR_OUTCOMES.get(error.kind, Outcome.INFRA_ENGINE)
@@ -365,8 +363,8 @@ class Episode:
             return Ending(Outcome.INFRA_ENGINE, None, "the engine aborted the request (not by this episode)")
         c.turns = turn
         c.generated += len(generation.output_ids)
-        observation, c.pending_observation = c.pending_observation, []
-        c.context.extend(generation.output_ids)
+        observation = self.conversation.take_pending_observation()
+        self.conversation.add_output(generation.output_ids)
         self.version = max(self.version, generation.weight_version)
         await self._emit(
             TurnGenerated(
@@ -378,17 +376,12 @@ class Episode:
                 finish_reason=generation.finish_reason,
                 engine_id=generation.engine_id,
                 weight_version=generation.weight_version,
-                context_tokens=len(c.context),
+                context_tokens=len(self.conversation),
                 queue_wait_s=max(generation.queue_wait_s, 0.0),
                 latency_s=max(generation.latency_s, 0.0),
             )
         )
         return generation
-
-    def _observe(self, generation: Generation, content: str) -> None:
-        ids = self.services.chat.observation(generation.output_ids, content)
-        self.counters.pending_observation = ids
-        self.counters.context.extend(ids)
 
     async def _show_format_error(self, error: FormatError, generation: Generation) -> None:
         message = error.message
@@ -404,7 +397,7 @@ class Episode:
                 format_error=True,
             )
         )
-        self._observe(generation, message)
+        self.conversation.add_observation(message)
 
     async def _act(self, box: Sandbox, action: Action, generation: Generation) -> bool:
         """Run the action's command (if any); True when the agent submits."""
@@ -433,7 +426,7 @@ class Episode:
         )
         if action.submits:
             return True
-        self._observe(generation, shown.text)
+        self.conversation.add_observation(shown.text)
         return False
 
     def _agent_time_left(self) -> float:
@@ -473,11 +466,12 @@ class Episode:
             reward=None if ending.outcome.is_infra_error else ending.reward,
             turns=c.turns,
             generated_tokens=c.generated,
-            context_tokens=len(c.context),
+            context_tokens=len(self.conversation),
             last_seq=self.seq,
             error=ending.error,
             times=times,
             injected=ending.injected and ending.outcome.is_infra_error,
+            render_drift=self.conversation.drift(),
         )
         await self._emit(finished)
         return finished

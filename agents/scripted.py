@@ -1,5 +1,5 @@
 """A policy that replies from a fixed script (tests): each call returns the next reply,
-tokenised with the episode's chat format, ending with `<|im_end|>`.
+tokenised with the episode's chat format, ending with the turn-end token (`<|im_end|>`).
 
 Replies are per trajectory (keyed by the trajectory part of `rid`), so one
 `ScriptedPolicy` can serve concurrent episodes. After the script runs out the
@@ -61,9 +61,9 @@ def reply_generation(
     engine_id: str,
     latency_s: float = 0.0,
 ) -> Generation:
-    """`text` as an engine's output: ids ending with `<|im_end|>`, cut at `max_new_tokens`
+    """`text` as an engine's output: ids ending with the turn-end token, cut at `max_new_tokens`
     (finish `length`), logprobs 0.0, every token of `weight_version`."""
-    ids = [*chat.encode(text), chat.im_end]
+    ids = [*chat.encode(text), *chat.turn_end]
     finish = "stop"
     if len(ids) > params.max_new_tokens:
         ids, finish = ids[: params.max_new_tokens], "length"

@@ -51,8 +51,8 @@ class SimulatedPolicy:
         self.time_scale = time_scale
         self.weight_version = weight_version
         self.on_work = on_work
-        self._command_ids = [*chat.encode(COMMAND_REPLY), chat.im_end]
-        self._submit_ids = [*chat.encode(SUBMIT_REPLY.format(submit_command=submit_command)), chat.im_end]
+        self._command_ids = [*chat.encode(COMMAND_REPLY), *chat.turn_end]
+        self._submit_ids = [*chat.encode(SUBMIT_REPLY.format(submit_command=submit_command)), *chat.turn_end]
         self._in_flight: dict[str, asyncio.Future[None]] = {}
         self.calls = 0
 

@@ -31,7 +31,6 @@ from sandboxes.tasks import load_tasks
 from streams.bus import EventProducer
 from streams.topics import create_topics
 from trainer.checkpoint import read_config as read_model_config
-from trainer.tokenizer import load_tokenizer
 
 
 class EngineStartError(RuntimeError):
@@ -88,7 +87,7 @@ async def _evaluate(
 ) -> EvalResult:
     await create_topics(cfg.kafka, cfg.topics)  # idempotent: an eval may be the first thing run
     await wait_for_engine(url, cfg.eval.engine_start_timeout_s, alive)
-    chat = ChatFormat.for_tokenizer(load_tokenizer(model_dir))
+    chat = ChatFormat.from_model_dir(model_dir)
     client_settings = cfg.client.model_copy(update={"urls": (url,)})
     pool = SandboxPool(cfg.sandbox, make_factory(cfg.sandbox))
     async with (

@@ -120,6 +120,18 @@ class TestsRan(Payload):
     reward: float
 
 
+class RenderDrift(BaseModel):
+    """Where a re-render of an episode's messages by the model's chat template differs from the
+    tokens the engine saw (templates that rewrite history, e.g. Qwen3's dropping earlier reasoning).
+    The trajectory keeps what the engine saw; this says where a re-render would not."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    turn: int = Field(ge=0, description="0: the prompt; n: assistant turn n or the observation after it")
+    offset: int = Field(ge=0, description="character offset in the decoded context")
+    seen: str = Field(description="the context the engine saw from there (an excerpt)")
+    rendered: str = Field(description="what the template renders there (an excerpt)")
+
+
 class TrajectoryFinished(Payload):
     outcome: Outcome
     reward: float | None = Field(description="None for infra errors: they are never scored")
@@ -131,6 +143,9 @@ class TrajectoryFinished(Payload):
     times: TimeBreakdown = Field(default_factory=TimeBreakdown)
     injected: bool = Field(
         default=False, description="the infra error was caused by fault injection (sandbox/client.faults)"
+    )
+    render_drift: RenderDrift | None = Field(
+        default=None, description="where a re-render by the chat template differs from what the engine saw"
     )
 
 

@@ -1,9 +1,13 @@
-"""The policy model: a Llama-shaped decoder in plain torch (nanoGPT-style, one file).
+"""The policy model: the Llama / Qwen2 / Qwen3 decoder in plain torch (nanoGPT-style, one file).
 
-RMSNorm, rotary position embeddings (Llama's rotate-half convention), SwiGLU MLP and
-grouped-query attention. Parameter names equal Hugging Face's `LlamaForCausalLM`, so
-`state_dict()` is the `model.safetensors` of an HF model directory and the same
-directory loads in `transformers` and SGLang (see `trainer.checkpoint`).
+RMSNorm, rotary position embeddings (Llama's rotate-half convention, with `linear` or
+`llama3` frequency scaling), SwiGLU MLP and grouped-query attention; the three families
+differ only in switches of `ModelConfig`: Qwen2 puts biases on q/k/v, Qwen3 normalises
+q and k per head (and often has a `head_dim` that is not hidden / heads), and any of
+them may tie the output layer to the embeddings. Parameter names equal Hugging Face's
+`*ForCausalLM`, so `state_dict()` is the safetensors of an HF directory and the same
+directory loads in `transformers` and SGLang (see `trainer.checkpoint`,
+`trainer.hf_config`).
 
 Two ways in:
 - `model(input_ids)` → logits (B, T, V): full causal forward, for training and scoring.
@@ -12,17 +16,34 @@ Two ways in:
   them. Prefill (one row, T tokens, start 0 or a chunk offset) and batched decode (B
   rows, one token each, different lengths) are the same call; rows shorter than the
   longest are masked, so ragged batches need no special path.
+
+Parameters may be fp32 or bf16 (`model.to(dtype)`); norms and rotary tables are
+computed in fp32 as `transformers` does, so both dtypes match it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from trainer.settings import ModelSettings
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Rotary frequency scaling: `linear` divides every frequency by `factor`; `llama3` divides
+    only the low frequencies and blends the band between (Llama 3.x)."""
+
+    kind: Literal["linear", "llama3"]
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
 
 
 @dataclass(frozen=True)
@@ -36,18 +57,24 @@ class ModelConfig:
     max_position: int
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
+    head_dim: int = 0  # 0: hidden_size // num_heads
+    rope_scaling: RopeScaling | None = None
+    qkv_bias: bool = False  # Qwen2; Llama/Qwen3 `attention_bias` sets it and o_bias
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm of each head's query and key
+    tie_word_embeddings: bool = False
+    architecture: str = "LlamaForCausalLM"
 
     def __post_init__(self) -> None:
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads")
+        if not self.head_dim:
+            if self.hidden_size % self.num_heads:
+                raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads")
-        if (self.hidden_size // self.num_heads) % 2:
-            raise ValueError("head dimension (hidden_size / num_heads) must be even for rotary embeddings")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} must be even for rotary embeddings")
 
     @classmethod
     def from_settings(cls, settings: ModelSettings) -> ModelConfig:
@@ -113,12 +140,36 @@ class RMSNorm(nn.Module):
         return self.weight * normed.to(x.dtype)
 
 
-def rope_tables(config: ModelConfig, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape (B, 1, T, head_dim) for integer positions (B, T), on their device."""
+def inverse_frequencies(config: ModelConfig, device: torch.device | None = None) -> torch.Tensor:
+    """The rotary inverse frequencies (head_dim / 2,), fp32, scaled as `config.rope_scaling` says."""
     dim = config.head_dim
-    steps = torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device)
+    steps = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float()
     inv_freq = 1.0 / (config.rope_theta ** (steps / dim))
-    angles = positions.to(torch.float32)[..., None] * inv_freq
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    if scaling.kind == "linear":
+        return inv_freq / scaling.factor
+    return _llama3_frequencies(inv_freq, scaling)
+
+
+def _llama3_frequencies(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    """Llama 3's rule: wavelengths longer than original/low_freq_factor are slowed by `factor`,
+    shorter than original/high_freq_factor kept, and the band between blended linearly."""
+    low_freq_wavelen = s.original_max_position / s.low_freq_factor
+    high_freq_wavelen = s.original_max_position / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+    band = s.high_freq_factor - s.low_freq_factor
+    smooth = (s.original_max_position / wavelen - s.low_freq_factor) / band
+    blended = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(medium, blended, scaled)
+
+
+def rope_tables(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (B, 1, T, head_dim), fp32, for integer positions (B, T)."""
+    angles = positions.to(torch.float32)[..., None] * inv_freq.to(positions.device)
     angles = torch.cat([angles, angles], dim=-1)[:, None]
     return angles.cos(), angles.sin()
 
@@ -134,10 +185,22 @@ class Attention(nn.Module):
         super().__init__()
         self.config = config
         head_dim, heads, kv_heads = config.head_dim, config.num_heads, config.num_kv_heads
-        self.q_proj = nn.Linear(config.hidden_size, heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=False)
-        self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=False)
+        self.q_proj = nn.Linear(config.hidden_size, heads * head_dim, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_heads * head_dim, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=config.o_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
+
+    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v as (B, heads, T, head_dim), q and k normalised per head where the family does."""
+        batch, length, _ = x.shape
+        shape = (batch, length, -1, self.config.head_dim)
+        q, k = self.q_proj(x).view(shape), self.k_proj(x).view(shape)
+        if self.config.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q.transpose(1, 2), k.transpose(1, 2), self.v_proj(x).view(shape).transpose(1, 2)
 
     def forward(
         self,
@@ -148,16 +211,13 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """`cache` = (keys, values, write positions (B, T), attended length) or None (causal)."""
         batch, length, _ = x.shape
-        head_dim = self.config.head_dim
-        q = self.q_proj(x).view(batch, length, -1, head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, length, -1, head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, length, -1, head_dim).transpose(1, 2)
+        q, k, v = self._heads(x)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             keys, values, write_at, attended = cache
             rows = torch.arange(batch, device=x.device)[:, None]
-            keys[rows, :, write_at] = k.transpose(1, 2)
-            values[rows, :, write_at] = v.transpose(1, 2)
+            keys[rows, :, write_at] = k.transpose(1, 2).to(keys.dtype)
+            values[rows, :, write_at] = v.transpose(1, 2).to(values.dtype)
             k, v = keys[:, :, :attended], values[:, :, :attended]
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None and cache is None, enable_gqa=True
@@ -168,9 +228,10 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        bias = config.mlp_bias
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -205,17 +266,27 @@ class PolicyModel(nn.Module):
         self.config = config
         self.model = Backbone(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        # A plain attribute, not a buffer: `.to(bfloat16)` must not round it (HF keeps it fp32 too).
+        self.inv_freq = inverse_frequencies(config)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
 
     def init_weights(self, seed: int) -> None:
-        """Deterministic random init (normal, std 0.02; norms at 1) from `seed`.
+        """Deterministic random init (normal, std 0.02; norms at 1, biases at 0) from `seed`.
 
         Drawn on CPU and copied to each parameter's device, so every device gets the
         same initial weights."""
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             for name, param in sorted(self.named_parameters()):
-                if name.endswith("layernorm.weight") or name == "model.norm.weight":
+                if name.endswith("norm.weight"):
                     param.fill_(1.0)
+                elif name.endswith(".bias"):
+                    param.zero_()
                 else:
                     param.copy_(torch.randn(param.shape, generator=generator, device="cpu") * 0.02)
 
@@ -226,7 +297,7 @@ class PolicyModel(nn.Module):
         """Full causal forward: input_ids (B, T) → logits (B, T, vocab)."""
         batch, length = input_ids.shape
         positions = torch.arange(length, device=input_ids.device).expand(batch, length)
-        rope = rope_tables(self.config, positions)
+        rope = rope_tables(self.inv_freq, positions)
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
             x = layer(x, rope, None, None)
@@ -242,7 +313,7 @@ class PolicyModel(nn.Module):
         attended = int(positions.max()) + 1
         key_positions = torch.arange(attended, device=device)[None, None, None, :]
         mask = key_positions <= positions[:, None, :, None]  # (B, 1, T, attended)
-        rope = rope_tables(self.config, positions)
+        rope = rope_tables(self.inv_freq, positions)
         x = self.model.embed_tokens(input_ids)
         for index, layer in enumerate(self.model.layers):
             layer_cache = (cache.keys[index], cache.values[index], positions, attended)

@@ -35,7 +35,6 @@ from sandboxes.base import Sandbox
 from sandboxes.pool import SandboxPool
 from sandboxes.tasks import Task, Verdict, run_verifier
 from streams.heartbeat import start_heartbeat
-from trainer.tokenizer import load_tokenizer
 
 app = typer.Typer(help="Rollout workers and their requests.", invoke_without_command=True)
 
@@ -70,7 +69,7 @@ def rollout(
     if not tasks_root.is_dir():
         fail(f"task directory {tasks_root} does not exist; pass --tasks or build one with `rollstream tasks`")
     try:
-        chat = ChatFormat.for_tokenizer(load_tokenizer(model_dir))
+        chat = ChatFormat.from_model_dir(model_dir)
     except (FileNotFoundError, ValueError) as error:
         fail(str(error))
     console.print(

@@ -24,7 +24,6 @@ from streams.bus import EventProducer, read_topic
 from streams.payloads import TrajectoryFinished
 from streams.topics import create_topics
 from trainer.checkpoint import init_model_dir
-from trainer.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,7 +40,7 @@ def test_pass_at_1_is_the_mean_over_tasks_of_the_per_attempt_success() -> None:
 
 
 async def _evaluate(cfg: Config, tasks_dir: Path, model: Path, run: str, reruns: int) -> object:
-    chat = ChatFormat.for_tokenizer(load_tokenizer(model))
+    chat = ChatFormat.from_model_dir(model)
     policy = ExpertPolicy(chat, cfg.expert, cfg.agent)
     await create_topics(cfg.kafka, cfg.topics)
     tasks = write_family(tasks_dir, "heldout", 4, 2)

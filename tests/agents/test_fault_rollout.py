@@ -34,7 +34,6 @@ from streams.payloads import Limits, TrajectoryFinished
 from streams.topics import create_topics
 from tests.engine.conftest import EngineFactory, make_engine, model_dir  # noqa: F401 (fixtures)
 from tests.engine.test_server import serving
-from trainer.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.timeout(300)
 GROUP = 4
@@ -91,7 +90,7 @@ async def test_injected_faults_are_recorded_as_injected_infra_errors_and_never_s
 ) -> None:
     config = config_factory(*FAULTS, create_topics=False)
     await create_topics(config.kafka, config.topics)
-    chat = ChatFormat.for_tokenizer(load_tokenizer(model_dir))
+    chat = ChatFormat.from_model_dir(model_dir)
     root = tmp_path / "tasks"
     ref = write_task(root)
     limits = Limits(max_turns=2, max_new_tokens_per_turn=8)

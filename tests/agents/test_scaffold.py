@@ -25,14 +25,14 @@ def test_prompt_and_observation_append_without_retokenising(chat: ChatFormat) ->
         "<|im_start|>system\nsys text<|im_end|>\n<|im_start|>user\nfix the bug<|im_end|>\n"
         "<|im_start|>assistant\n"
     )
-    reply = [*chat.encode("ls"), chat.im_end]
+    reply = [*chat.encode("ls"), chat.turn_end_id]
     obs = chat.observation(reply, "out")
     whole = chat.tokenizer.decode(prompt + reply + obs, skip_special_tokens=False)
     assert whole.endswith("ls<|im_end|>\n<|im_start|>user\nout<|im_end|>\n<|im_start|>assistant\n")
     # a reply cut by a length cap is closed before the next user turn
     cut = chat.observation(chat.encode("ls"), "out")
-    assert cut[0] == chat.im_end
-    assert chat.im_end in chat.stop_token_ids
+    assert cut[0] == chat.turn_end_id
+    assert chat.turn_end_id in chat.stop_token_ids
 
 
 def test_one_bash_block_is_the_action() -> None:

