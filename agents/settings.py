@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -26,6 +28,9 @@ class EngineSettings(Frozen):
     )
     prefix_block_tokens: int = Field(default=64, ge=1, description="prefix cache match granularity")
     torch_threads: int = Field(default=0, ge=0, description="torch intra-op threads; 0 = torch's default")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="weights and KV cache; bfloat16 is ~2x faster on CPU for real models"
+    )
     health_timeout_s: float = Field(default=20.0, description="/health_generate's one-token generation")
     seed: int = 0
 

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from trainer.batch import TrainSample
+from trainer.lora import adapter_state, apply_lora, has_lora, load_adapter_state, merged_state_dict
 from trainer.model import PolicyModel
 from trainer.settings import TrainerSettings
 from trainer.step import SftSequence, StepMetrics, make_optimizer, rl_step, sft_step
@@ -47,6 +48,8 @@ class TorchBackend:
             torch.set_num_threads(settings.torch_threads)
         self.device = torch.device(settings.device)
         self.settings = settings
+        if settings.lora.rank:
+            model = apply_lora(model, settings.lora, settings.seed)
         self.model = model.to(self.device).train()
         self.optimizer = make_optimizer(self.model, settings, lr)
         seed_everything(settings.seed)
@@ -58,17 +61,27 @@ class TorchBackend:
         return sft_step(self.model, self.optimizer, sequences, self.settings, self.device)
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        if has_lora(self.model):
+            return merged_state_dict(self.model)
         return {name: t.detach().float().cpu().contiguous() for name, t in self.model.state_dict().items()}
 
     def checkpoint_state(self) -> dict[str, Any]:
+        """Model (only the adapters under LoRA: the frozen base is the base directory's), optimizer, RNG."""
+        lora = has_lora(self.model)
         return {
-            "model": self.hf_state_dict(),
+            "model": adapter_state(self.model) if lora else self.hf_state_dict(),
+            "lora": lora,
             "optimizer": self.optimizer.state_dict(),
             "rng": rng_states(),
         }
 
     def restore_state(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
+        if state.get("lora", False) != has_lora(self.model):
+            raise ValueError("the checkpoint was written with another trainer.lora setting (on vs off)")
+        if state.get("lora"):
+            load_adapter_state(self.model, state["model"])
+        else:
+            self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         restore_rng_states(state["rng"])
 

@@ -96,8 +96,9 @@ class _Tensors:
 
 
 def make_optimizer(model: nn.Module, settings: TrainerSettings, lr: float) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices only (norm gains are not decayed)."""
-    named = sorted(model.named_parameters())
+    """AdamW over the parameters that train (all, or the LoRA adapters); weight decay on matrices
+    only (norm gains are not decayed)."""
+    named = sorted((n, p) for n, p in model.named_parameters() if p.requires_grad)
     decay = [p for _, p in named if p.ndim >= 2]
     no_decay = [p for _, p in named if p.ndim < 2]
     groups = [
@@ -133,6 +134,10 @@ def _tensors(items: Sequence[TrainSample] | Sequence[SftSequence], device: torch
     )
 
 
+def _trainable(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def trains(sample: TrainSample) -> bool:
     """Whether a sample contributes loss: not loss-masked and with at least one generated target."""
     return not sample.loss_masked and any(m > 0 for m in sample.loss_mask[1:])
@@ -148,9 +153,20 @@ def _mini_batches(samples: Sequence[TrainSample], count: int) -> list[list[Train
     return [list(samples[bounds[i] : bounds[i + 1]]) for i in range(count)]
 
 
-def _logprobs_no_grad(model: nn.Module, batch: _Tensors, temperature: float = 1.0) -> torch.Tensor:
+def logits_of(model: nn.Module, token_ids: torch.Tensor, settings: TrainerSettings) -> torch.Tensor:
+    """fp32 logits; under `trainer.dtype = "bfloat16"` the forward runs in autocast (fp32 master
+    weights, bf16 matmuls), and the loss is always taken in fp32."""
+    if settings.dtype == "float32":
+        return model(token_ids).float()
+    with torch.autocast(device_type=token_ids.device.type, dtype=torch.bfloat16):
+        return model(token_ids).float()
+
+
+def _logprobs_no_grad(
+    model: nn.Module, batch: _Tensors, settings: TrainerSettings, temperature: float = 1.0
+) -> torch.Tensor:
     with torch.no_grad():
-        return next_token_logprobs(model(batch.token_ids) / temperature, batch.token_ids)
+        return next_token_logprobs(logits_of(model, batch.token_ids, settings) / temperature, batch.token_ids)
 
 
 def sequence_logprobs(
@@ -160,7 +176,7 @@ def sequence_logprobs(
     on the device; position t scores token t+1. Micro-batched as the step is."""
     out: list[torch.Tensor] = []
     for micro in micro_batches(samples, settings.micro_batch_tokens):
-        logprobs = _logprobs_no_grad(model, _tensors(micro, device))
+        logprobs = _logprobs_no_grad(model, _tensors(micro, device), settings)
         out += [logprobs[row, : s.tokens - 1] for row, s in enumerate(micro)]
     return out
 
@@ -178,7 +194,7 @@ def _update(
     total, sums = 0.0, LossSums()
     for batch, logp_old in plan:
         loss, micro_sums = policy_loss(
-            model(batch.token_ids) / temperature,
+            logits_of(model, batch.token_ids, settings) / temperature,
             batch.token_ids,
             logp_old,
             batch.rollout_logprobs,
@@ -190,7 +206,7 @@ def _update(
         loss.backward()
         total += float(loss.detach())
         sums = sums + micro_sums
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip))
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(_trainable(model), settings.grad_clip))
     optimizer.step()
     return total, grad_norm, sums
 
@@ -212,7 +228,7 @@ def rl_step(
     plans: list[list[tuple[_Tensors, torch.Tensor]]] = []
     for mini in _mini_batches(trained, settings.updates_per_step):
         batches = [_tensors(micro, device) for micro in micro_batches(mini, settings.micro_batch_tokens)]
-        plans.append([(batch, _logprobs_no_grad(model, batch, temperature)) for batch in batches])
+        plans.append([(batch, _logprobs_no_grad(model, batch, settings, temperature)) for batch in batches])
     mismatch = mismatch_metrics(
         [row for plan in plans for _, old in plan for row in old],
         [row for plan in plans for batch, _ in plan for row in batch.rollout_logprobs],
@@ -257,7 +273,7 @@ def sft_step(
     optimizer.zero_grad(set_to_none=True)
     total, entropy = 0.0, 0.0
     for batch in batches:
-        logits = model(batch.token_ids)
+        logits = logits_of(model, batch.token_ids, settings)
         loss = sft_loss(logits, batch.token_ids, batch.mask, denominators)
         loss.backward()
         total += float(loss.detach())
@@ -265,7 +281,7 @@ def sft_step(
             entropy += float((next_token_entropy(logits) * batch.mask).sum())
     grad_norm = 0.0
     if denominators.tokens:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(_trainable(model), settings.grad_clip))
         optimizer.step()
     return StepMetrics(
         loss=total,

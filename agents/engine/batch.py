@@ -185,8 +185,15 @@ class Decoder:
     buffers stay within about twice the tokens actually cached: one long request costs its own
     length, not its length times the number of running requests."""
 
-    def __init__(self, config: ModelConfig, context_length: int, min_capacity: int = 64) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        context_length: int,
+        dtype: torch.dtype = torch.float32,
+        min_capacity: int = 64,
+    ) -> None:
         self.config = config
+        self.dtype = dtype
         self.context_length = context_length
         self.min_capacity = min_capacity
         self.buckets: dict[int, DecodeBatch] = {}
@@ -213,7 +220,7 @@ class Decoder:
         capacity = self.capacity_for(length + 1)
         bucket = self.buckets.get(capacity)
         if bucket is None:
-            bucket = self.buckets[capacity] = DecodeBatch(self.config, capacity)
+            bucket = self.buckets[capacity] = DecodeBatch(self.config, capacity, self.dtype)
         bucket.add(request, source, length)
 
     def rows_of(self, rids: set[str]) -> list[tuple[RunningRequest, KVCache, int]]:

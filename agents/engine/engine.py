@@ -41,7 +41,7 @@ from agents.engine.prefix_cache import PrefixCache
 from agents.engine.protocol import FinishReason, SamplingParams
 from agents.engine.sampling import sample
 from agents.settings import EngineSettings
-from trainer.checkpoint import load_model, weight_version
+from trainer.checkpoint import TORCH_DTYPES, load_model, weight_version
 from trainer.model import KVCache, PolicyModel
 
 logger = logging.getLogger(__name__)
@@ -85,12 +85,13 @@ class Engine:
     def __init__(self, model_dir: Path, settings: EngineSettings, model: PolicyModel | None = None) -> None:
         self.settings = settings
         self.model_dir = Path(model_dir)
-        self.model = model if model is not None else load_model(self.model_dir)
+        self.dtype = TORCH_DTYPES[settings.dtype]
+        self.model = model if model is not None else load_model(self.model_dir, self.dtype)
         self.weight_version = weight_version(self.model_dir) if model is None else 0
         self._lock = threading.Condition()
         self._queue: deque[RunningRequest] = deque()
         self._prefilling: list[RunningRequest] = []
-        self._decoding = Decoder(self.model.config, settings.context_length)
+        self._decoding = Decoder(self.model.config, settings.context_length, self.model.dtype)
         self._by_rid: dict[str, RunningRequest] = {}
         self._aborts: set[str] = set()
         self._prefix = PrefixCache(settings.prefix_cache_tokens, settings.prefix_block_tokens)
@@ -202,7 +203,7 @@ class Engine:
         """Load weights (in the caller's thread) and swap them in between two steps.
 
         The future resolves to the new weight version once the swap happened."""
-        model = load_model(Path(model_dir))
+        model = load_model(Path(model_dir), self.dtype)
         if model.config != self.model.config:
             raise EngineRefusal(f"{model_dir} has a different architecture than the served model")
         new_version = version if version is not None else weight_version(Path(model_dir))
@@ -306,7 +307,7 @@ class Engine:
         if hit is None:
             return
         entry, matched = hit
-        cache = KVCache.empty(self.model.config, 1, len(request.input_ids), torch.float32)
+        cache = KVCache.empty(self.model.config, 1, len(request.input_ids), self.model.dtype)
         for layer in range(self.model.config.num_layers):
             cache.keys[layer][0, :, :matched] = entry.keys[layer][:, :matched]
             cache.values[layer][0, :, :matched] = entry.values[layer][:, :matched]
@@ -327,7 +328,7 @@ class Engine:
     def _fail_in_flight(self, error: Exception) -> None:
         with self._lock:
             failed = self._decoding.requests() + self._prefilling
-            self._decoding = Decoder(self.model.config, self.settings.context_length)
+            self._decoding = Decoder(self.model.config, self.settings.context_length, self.model.dtype)
             self._prefilling = []
             for request in failed:
                 self._by_rid.pop(request.rid, None)

@@ -51,7 +51,7 @@ def prefill_whole(model: PolicyModel, group: list[RunningRequest]) -> list[Prefi
     lengths = [len(r.input_ids) for r in group]
     longest = max(lengths)
     tokens = torch.tensor([r.input_ids + [0] * (longest - len(r.input_ids)) for r in group])
-    cache = KVCache.empty(model.config, len(group), longest, torch.float32)
+    cache = KVCache.empty(model.config, len(group), longest, model.dtype)
     logits = model.forward_cached(tokens, torch.zeros(len(group), dtype=torch.long), cache)
     last = logits[torch.arange(len(group)), torch.tensor(lengths) - 1]
     for request in group:
@@ -63,7 +63,7 @@ def prefill_chunk(model: PolicyModel, request: RunningRequest, budget: int) -> t
     """The next chunk of one long prompt; (completed or None, tokens used)."""
     total = len(request.input_ids)
     if request.prefill_cache is None:
-        request.prefill_cache = KVCache.empty(model.config, 1, total, torch.float32)
+        request.prefill_cache = KVCache.empty(model.config, 1, total, model.dtype)
     chunk = request.input_ids[request.prefilled : request.prefilled + budget]
     start = torch.tensor([request.prefilled])
     logits = model.forward_cached(torch.tensor([chunk]), start, request.prefill_cache)

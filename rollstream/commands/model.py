@@ -7,10 +7,9 @@ from typing import Annotated
 
 import typer
 
+from agents.chat import ChatFormat
 from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
-from trainer.checkpoint import init_model_dir, load_model
-from trainer.checkpoint import read_config as read_model_config
-from trainer.tokenizer import load_tokenizer, special_token_ids
+from trainer.checkpoint import check_model_dir, init_model_dir, load_model
 
 app = typer.Typer(help="Create and inspect the policy model (Hugging Face layout).", no_args_is_help=True)
 
@@ -32,17 +31,20 @@ def init(config: ConfigPath = None, overrides: Overrides = None, out: OutDir = N
 
 @app.command("info")
 def info(config: ConfigPath = None, overrides: Overrides = None, out: OutDir = None) -> None:
-    """Print the architecture, size, weight version and special tokens of a model directory."""
+    """Print the architecture, size, dtype, weight version and stop tokens of a model directory."""
     settings = read_config(config, overrides)
     path = out or settings.model_dir
     try:
-        described = read_model_config(path)
-        tokenizer = load_tokenizer(path)
-    except (FileNotFoundError, KeyError) as error:
-        fail(f"{path} is not a model directory: {error}")
+        described = check_model_dir(path)
+        chat = ChatFormat.from_model_dir(path)
+    except (FileNotFoundError, ValueError) as error:
+        fail(f"{path} is not a model directory we can run: {error}")
+    model = described.model
+    stops = {t: chat.decode_exact([t]) for t in chat.stop_token_ids}
     console.print(f"[bold]{path}[/]")
-    console.print(f"  architecture   {described.model}")
-    console.print(f"  parameters     {load_model(path).num_parameters():,}")
+    console.print(
+        f"  architecture   {model.architecture} ({model.num_layers} layers, hidden {model.hidden_size})"
+    )
+    console.print(f"  parameters     {load_model(path).num_parameters():,} ({described.dtype} on disk)")
     console.print(f"  weight version {described.weight_version}")
-    specials = special_token_ids(tokenizer)
-    console.print(f"  vocabulary     {tokenizer.get_vocab_size()} tokens, specials {specials}")
+    console.print(f"  vocabulary     {chat.tokenizer.get_vocab_size()} tokens, stop tokens {stops}")
