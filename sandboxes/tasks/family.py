@@ -2,23 +2,30 @@
 
 `rollstream tasks family --split train|heldout --n N --seed S --out DIR` writes N Harbor
 tasks, deterministically from the seed. Each task's workspace is one library `lib.py`
-(a module of `sandboxes.tasks.family_modules`, its functions in a seeded order and renamed
-afresh for each task by `sandboxes.tasks.family_names`), its
-tests (`tests/test_lib.py`, data-driven cases) and a test runner `run_tests.py` that
-prints each failing case with the line of `lib.py` that produced the wrong value. One
-function carries one bug of a `BugKind`; the fix is that kind's one `sed` command, so
-the skill a small model can learn here is the agent's: run the tests, read which line
-is wrong and how, edit, submit. The train and held-out splits draw from disjoint
-modules. Kinds are balanced (round robin), so guessing a fix without reading the test
-output succeeds one time in `len(KINDS)`.
+(a module of `sandboxes.tasks.family_modules`, renamed afresh for each task by
+`sandboxes.tasks.family_names`), its tests (`tests/test_lib.py`, data-driven cases) and
+a test runner `run_tests.py` that prints each failing case with the line of `lib.py`
+that produced the wrong value. The train and held-out splits draw from disjoint modules.
 
-Every task is checked before it is written (pure Python, no sandbox): the bug fails at
-least one case, and its kind's fix restores the original file exactly while every
-other kind's fix changes nothing. A verifier run is one Python start (~30 ms).
+Every library holds the module's functions and four more, one per `BugKind`, each a copy
+of a module function with that kind's injection on its line, so `lib.py` shows each
+kind's telltale exactly once (`Library`, the same text whatever the task's kind). In a
+task of kind `k` the `k` line is the bug (its tests expect the copy's original values)
+and the other three are decoys: correct code whose tests expect what the line computes.
+The fix is `k`'s one `sed` command; any other kind's `sed` rewrites its decoy and breaks
+a passing test. So the skill a small model can learn here is the agent's: run the tests,
+read which line is wrong and how, edit, submit. A fix guessed without reading the test
+output succeeds one time in `len(KINDS)` (kinds are balanced, round robin), and applying
+every fix never does.
+
+Every task is checked before it is written (pure Python, `case_outcomes` judging as the
+runner does): the bug fails a case, its kind's fix restores the original file exactly,
+and every other set of fixes fails some case. A verifier run is one Python start (~30 ms).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
@@ -43,7 +50,7 @@ INSTRUCTION = (
     "`lib.py` has a bug: some of its tests fail.\n\n"
     f"Run the tests with `{RUN_TESTS}`, fix the bug in `lib.py` (leave the tests as they are), and submit."
 )
-FAMILY_VERSION = 4  # bump when generated tasks change, so kept task sets are rebuilt
+FAMILY_VERSION = 5  # bump when generated tasks change, so kept task sets are rebuilt
 
 
 class FamilyError(ValueError):
@@ -131,6 +138,25 @@ def apply_fix(kind: BugKind, text: str) -> str:
 
 
 @dataclass(frozen=True)
+class Library:
+    """One task's library before its kind is chosen: `lib.py` reads the same whatever the kind.
+
+    `functions` (file order, renamed) are the module's functions and four slots, one per kind:
+    slot `k` shows `k`'s injection of a copy of a module function (`slots[k]`: its index), and
+    `originals[k]` is that copy before the injection. The task of kind `k` expects `originals[k]`'s
+    values from slot `k` (the bug) and the shown expressions' values from every other slot (decoys).
+    """
+
+    module: Module
+    functions: tuple[Function, ...]
+    slots: dict[str, int]
+    originals: dict[str, Function]
+
+
+Case = tuple[str, tuple[object, ...], object]  # (function name, arguments, expected result)
+
+
+@dataclass(frozen=True)
 class FamilyTask:
     """One task's content, before it is written."""
 
@@ -141,6 +167,7 @@ class FamilyTask:
     lib: str
     fixed_lib: str
     tests: str
+    cases: tuple[Case, ...]
     fail_to_pass: tuple[str, ...]
     pass_to_pass: tuple[str, ...]
     instruction: str
@@ -153,98 +180,160 @@ def _results(function: Function) -> list[object]:
     return [call(*args) for args in function.cases]  # type: ignore[operator]
 
 
-def _lib_text(module: Module, functions: list[Function], buggy: str, kind: BugKind | None) -> str:
-    parts = [f'"""{module.doc}"""\n']
-    for function in functions:
-        expr = kind.inject(function.expr) if kind and function.name == buggy else function.expr
-        parts.append(f"\n\ndef {function.name}({function.params}):\n    return {expr}\n")
-    return "".join(parts)
-
-
-def _tests_text(functions: list[Function]) -> tuple[str, list[tuple[str, Function, int]]]:
-    lines = ['"""Cases: (function, arguments, expected result)."""\n', "\nCASES = [\n"]
-    ids = []
-    for function in functions:
-        for index, (args, expected) in enumerate(zip(function.cases, _results(function), strict=True)):
-            lines.append(f"    ({function.name!r}, {args!r}, {expected!r}),\n")
-            ids.append((f"{TESTS_FILE}::{function.name}[{index}]", function, index))
-    lines.append("]\n")
-    return "".join(lines), ids
-
-
 def _failing(function: Function, kind: BugKind) -> list[int]:
     buggy = Function(function.name, function.params, kind.inject(function.expr), function.cases)
     return [i for i, (a, b) in enumerate(zip(_results(function), _results(buggy), strict=True)) if a != b]
 
 
-def candidates(split: str) -> dict[str, list[tuple[Module, Function]]]:
-    """(module, function) pairs each kind can be injected into, for one split."""
-    if split not in SPLITS:
-        raise FamilyError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
-    by_kind: dict[str, list[tuple[Module, Function]]] = {kind.name: [] for kind in KINDS}
-    for module in SPLITS[split]:
-        for function in module.functions:
-            results = _results(function)
-            for kind in KINDS:
-                if kind.applies(function, results) and _failing(function, kind):
-                    by_kind[kind.name].append((module, function))
+def kind_sources(module: Module) -> dict[str, list[Function]]:
+    """The module's functions each kind can be injected into (so that some case tells them apart)."""
+    by_kind: dict[str, list[Function]] = {kind.name: [] for kind in KINDS}
+    for function in module.functions:
+        results = _results(function)
+        for kind in KINDS:
+            if kind.applies(function, results) and _failing(function, kind):
+                by_kind[kind.name].append(function)
+    missing = [name for name, functions in by_kind.items() if not functions]
+    if missing:
+        raise FamilyError(f"module {module.name!r} has no function a {', '.join(missing)} slot can copy")
     return by_kind
 
 
+def build_library(
+    module: Module, sources: dict[str, list[Function]], split: str, rng: random.Random
+) -> Library:
+    """The module's functions and one slot per kind, shuffled and renamed; draws nothing kind-specific."""
+    copies = [rng.choice(sources[kind.name]) for kind in KINDS]
+    entries = [*module.functions, *copies]
+    order = list(range(len(entries)))
+    rng.shuffle(order)
+    named = renamed([entries[i] for i in order], split, rng)
+    slots = {kind.name: order.index(len(module.functions) + k) for k, kind in enumerate(KINDS)}
+    shown = list(named)
+    for kind in KINDS:
+        plain = named[slots[kind.name]]
+        shown[slots[kind.name]] = Function(plain.name, plain.params, kind.inject(plain.expr), plain.cases)
+    originals = {name: named[index] for name, index in slots.items()}
+    return Library(module, tuple(shown), slots, originals)
+
+
+def _lib_text(module: Module, functions: list[Function] | tuple[Function, ...]) -> str:
+    parts = [f'"""{module.doc}"""\n']
+    for function in functions:
+        parts.append(f"\n\ndef {function.name}({function.params}):\n    return {function.expr}\n")
+    return "".join(parts)
+
+
+def _tests_text(cases: tuple[Case, ...]) -> str:
+    lines = ['"""Cases: (function, arguments, expected result)."""\n', "\nCASES = [\n"]
+    lines += [f"    ({name!r}, {args!r}, {expected!r}),\n" for name, args, expected in cases]
+    return "".join([*lines, "]\n"])
+
+
+def case_outcomes(lib: str, cases: tuple[Case, ...]) -> dict[str, bool]:
+    """Test id -> passed, for `lib`'s source on `cases`, judged as `run_tests.py` judges them
+    (a library that does not import fails every case; a case that raises fails)."""
+    ids = _case_ids(cases)
+    namespace: dict[str, object] = {}
+    try:
+        exec(compile(lib, LIB_FILE, "exec"), namespace)
+    except Exception:  # the runner counts an unimportable lib.py as every case failed
+        return dict.fromkeys(ids, False)
+    outcomes = {}
+    for test_id, (name, args, expected) in zip(ids, cases, strict=True):
+        try:
+            value = namespace[name](*args)  # type: ignore[operator]
+        except Exception:
+            outcomes[test_id] = False
+            continue
+        outcomes[test_id] = value == expected and type(value) is type(expected)
+    return outcomes
+
+
+def _case_ids(cases: tuple[Case, ...]) -> list[str]:
+    counts: dict[str, int] = {}
+    ids = []
+    for name, _, _ in cases:
+        counts[name] = counts.get(name, -1) + 1
+        ids.append(f"{TESTS_FILE}::{name}[{counts[name]}]")
+    return ids
+
+
 def family_tasks(split: str, n: int, seed: int) -> list[FamilyTask]:
-    """`n` tasks of `split`, the same for the same (split, n, seed); kinds in round robin."""
+    """`n` tasks of `split`, the same for the same (split, n, seed); kinds in round robin, and each
+    module in turn for one round of the kinds, so which library a task has says nothing of its kind."""
     if n < 1:
         raise FamilyError(f"--n must be at least 1, got {n}")
+    if split not in SPLITS:
+        raise FamilyError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
     rng = random.Random(f"{split}:{seed}")
-    pools = candidates(split)
-    for kind in KINDS:
-        rng.shuffle(pools[kind.name])
+    modules = list(SPLITS[split])
+    rng.shuffle(modules)
+    sources = {module.name: kind_sources(module) for module in modules}
     first = rng.randrange(len(KINDS))
     tasks = []
     for index in range(n):
         kind = KINDS[(first + index) % len(KINDS)]
-        pool = pools[kind.name]
-        module, function = pool[(index // len(KINDS)) % len(pool)]
-        order = list(module.functions)
-        rng.shuffle(order)
-        named = renamed(order, split, rng)
-        buggy = named[order.index(function)]
-        tasks.append(_task(f"{split}-{index:04d}-{module.name}-{buggy.name}", module, named, buggy, kind))
+        module = modules[(index // len(KINDS)) % len(modules)]
+        library = build_library(module, sources[module.name], split, rng)
+        buggy = library.originals[kind.name].name
+        tasks.append(make_task(f"{split}-{index:04d}-{module.name}-{buggy}", library, kind))
     return tasks
 
 
-def _task(task_id: str, module: Module, order: list[Function], buggy: Function, kind: BugKind) -> FamilyTask:
-    lib = _lib_text(module, order, buggy.name, kind)
-    fixed = _lib_text(module, order, buggy.name, None)
-    tests, ids = _tests_text(order)
-    failing = set(_failing(buggy, kind))
-    fail_to_pass = tuple(i for i, f, n in ids if f is buggy and n in failing)
-    pass_to_pass = tuple(i for i, f, n in ids if not (f is buggy and n in failing))
+def make_task(task_id: str, library: Library, kind: BugKind) -> FamilyTask:
+    """The task of `library` whose bug is `kind`'s slot; checked (`check_task`) before it is returned."""
+    truth = list(library.functions)
+    truth[library.slots[kind.name]] = library.originals[kind.name]
+    cases = tuple(
+        (function.name, args, value)
+        for function in truth
+        for args, value in zip(function.cases, _results(function), strict=True)
+    )
+    lib = _lib_text(library.module, library.functions)
+    outcomes = case_outcomes(lib, cases)
     task = FamilyTask(
         id=task_id,
-        module=module.name,
-        function=buggy.name,
+        module=library.module.name,
+        function=library.originals[kind.name].name,
         kind=kind.name,
         lib=lib,
-        fixed_lib=fixed,
-        tests=tests,
-        fail_to_pass=fail_to_pass,
-        pass_to_pass=pass_to_pass,
+        fixed_lib=_lib_text(library.module, truth),
+        tests=_tests_text(cases),
+        cases=cases,
+        fail_to_pass=tuple(test for test, passed in outcomes.items() if not passed),
+        pass_to_pass=tuple(test for test, passed in outcomes.items() if passed),
         instruction=INSTRUCTION,
     )
     check_task(task)
     return task
 
 
+def apply_fixes(kinds: tuple[BugKind, ...], text: str) -> str:
+    for kind in kinds:
+        text = apply_fix(kind, text)
+    return text
+
+
 def check_task(task: FamilyTask) -> None:
-    """The bug fails a case; its fix restores the library; every other kind's fix is a no-op."""
+    """The bug fails a case; its kind's fix alone restores the library exactly; each line carries at
+    most one kind's pattern (so fixes commute); and every other set of fixes fails some case: a fix
+    of another kind breaks that kind's decoy, with or without the right fix beside it."""
+    own = KIND_BY_NAME[task.kind]
     if not task.fail_to_pass:
         raise FamilyError(f"{task.id}: the {task.kind} bug fails no case")
-    for kind in KINDS:
-        after = apply_fix(kind, task.lib)
-        expected = task.fixed_lib if kind.name == task.kind else task.lib
-        if after != expected:
-            raise FamilyError(f"{task.id}: the {kind.name} fix does not do what it should on this library")
+    if apply_fix(own, task.lib) != task.fixed_lib or not all(
+        case_outcomes(task.fixed_lib, task.cases).values()
+    ):
+        raise FamilyError(f"{task.id}: the {task.kind} fix does not restore the library")
+    for line in task.lib.splitlines():
+        if sum(bool(re.search(kind.fix_regex, line)) for kind in KINDS) > 1:
+            raise FamilyError(f"{task.id}: the line {line.strip()!r} carries more than one kind's pattern")
+    for size in range(1, len(KINDS) + 1):
+        for fixes in itertools.combinations(KINDS, size):
+            if fixes != (own,) and all(case_outcomes(apply_fixes(fixes, task.lib), task.cases).values()):
+                names = ", ".join(kind.name for kind in fixes)
+                raise FamilyError(f"{task.id}: the fixes {names} pass without reading the tests")
 
 
 def write_family(

@@ -3,7 +3,10 @@
 Each `Module` is a theme (a library a user might have) of `Function`s whose body is
 one `return` expression, with the argument tuples its tests call it with. Which bug
 kinds a function can carry follows from its expression (`sandboxes.tasks.family`
-decides; see `applicable_kinds`). The train and held-out splits use disjoint modules,
+decides; see `kind_sources`); every task's library holds all of a module's functions
+and four renamed copies of them, each with one kind's injection on its line (the bug,
+or a decoy whose tests expect what it computes), so every module needs a function of
+each kind. The train and held-out splits use disjoint modules,
 so held-out tasks are code the policy never saw in RL or SFT, as the reference run's
 evaluation repositories were disjoint from its RL repositories.
 

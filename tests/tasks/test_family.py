@@ -24,8 +24,12 @@ from sandboxes.tasks.family import (
     KINDS,
     FamilyError,
     apply_fix,
+    build_library,
+    case_outcomes,
     family_tasks,
     kind_of_line,
+    kind_sources,
+    make_task,
     write_family,
 )
 from sandboxes.tasks.family_modules import SPLITS
@@ -41,13 +45,40 @@ def test_same_seed_same_tasks_other_seed_other_tasks() -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 7])
-def test_kinds_are_balanced_and_each_fix_only_fixes_its_own_kind(seed: int) -> None:
+def test_kinds_are_balanced_and_another_kinds_fix_breaks_its_decoy(seed: int) -> None:
     tasks = family_tasks("heldout", 40, seed)
     assert set(Counter(t.kind for t in tasks).values()) == {10}  # round robin over the 4 kinds
     for task in tasks:
+        assert apply_fix(KIND_BY_NAME[task.kind], task.lib) == task.fixed_lib
         for kind in KINDS:
-            expected = task.fixed_lib if kind.name == task.kind else task.lib
-            assert apply_fix(kind, task.lib) == expected, (task.id, kind.name)
+            if kind.name == task.kind:
+                continue
+            after = apply_fix(kind, task.fixed_lib)  # even beside the right fix
+            changed = [
+                a for a, b in zip(after.splitlines(), task.fixed_lib.splitlines(), strict=True) if a != b
+            ]
+            assert len(changed) == 1 and kind_of_line(changed[0]) is None, (task.id, kind.name)
+            broken = [test for test, passed in case_outcomes(after, task.cases).items() if not passed]
+            assert broken and set(broken) <= set(task.pass_to_pass), (task.id, kind.name)
+
+
+def _telltale_kinds(lib: str) -> list[str]:
+    kinds = (kind_of_line(line) for line in lib.splitlines() if line.strip().startswith("return "))
+    return sorted(kind.name for kind in kinds if kind is not None)
+
+
+def test_lib_reads_the_same_whatever_the_kind_and_shows_each_telltale_once() -> None:
+    """Only the tests (and so the test output) tell which of the four telltale lines is the bug."""
+    rng = random.Random(4)
+    for module in SPLITS["train"] + SPLITS["heldout"]:
+        split = "train" if module in SPLITS["train"] else "heldout"
+        library = build_library(module, kind_sources(module), split, rng)
+        tasks = [make_task(f"t-{kind.name}", library, kind) for kind in KINDS]
+        assert len({task.lib for task in tasks}) == 1, module.name
+        assert len({task.tests for task in tasks}) == len(KINDS), module.name
+        assert _telltale_kinds(tasks[0].lib) == sorted(kind.name for kind in KINDS), module.name
+    for task in family_tasks("train", 16, 9):  # the generated tasks are such libraries too
+        assert _telltale_kinds(task.lib) == sorted(kind.name for kind in KINDS), task.id
 
 
 def test_heldout_modules_are_disjoint_from_train() -> None:
