@@ -1,5 +1,5 @@
-"""The deployment configs in `configs/` load, hold what README's "Running on a cluster" says, and
-the commands that section gives for each machine are ones the CLI accepts."""
+"""The deployment configs in `configs/` load, hold what docs/cluster.md ("Running on a cluster") says,
+and the commands that page gives for each machine are ones the CLI accepts."""
 
 from __future__ import annotations
 
@@ -21,9 +21,7 @@ SHARED_SECTIONS = ("run", "kafka", "topics", "db", "client", "policy")
 
 
 def cluster_section() -> str:
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("## Running on a cluster")
-    return readme[start : readme.index("\n## ", start + 1)]
+    return (ROOT / "docs" / "cluster.md").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +58,7 @@ def test_gpu_config_trains_with_megatron_on_cuda_and_shares_the_cluster_settings
         assert getattr(gpu, section) == getattr(cluster, section), section
 
 
-def test_the_readme_section_states_the_configs_values(cluster: Config, gpu: Config) -> None:
+def test_the_cluster_page_states_the_configs_values(cluster: Config, gpu: Config) -> None:
     text = cluster_section()
     assert "configs/cluster.toml" in text and "configs/gpu.toml" in text
     assert f'kafka.bootstrap =\n  "{cluster.kafka.bootstrap}"' in text
@@ -77,7 +75,7 @@ def test_the_readme_section_states_the_configs_values(cluster: Config, gpu: Conf
     assert f"--run {gpu.run.name}" in text and f"--context-length {gpu.policy.context_cap}" in text
 
 
-def test_every_command_of_the_readme_section_is_accepted_by_the_cli() -> None:
+def test_every_command_of_the_cluster_page_is_accepted_by_the_cli() -> None:
     commands = re.findall(r"`((?:torchrun [^`]*?-m )?rollstream [^`]+)`", cluster_section())
     args = [shlex.split(command.split("rollstream ", 1)[1]) for command in commands]
     names = {a[0] for a in args}

@@ -1,4 +1,4 @@
-"""The report's pure figure functions, its "no data" drawing, and the README's ready-made SQL
+"""The report's pure figure functions, its "no data" drawing, and the ready-made SQL of docs/store.md
 (the exact strings, run through `rollstream sql` on SQLite and PostgreSQL)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from streams.tail import finished_mark
 from tests.report.run_events import EVAL, TRAIN, eval_run, expected_pass1, training_run
 from tests.store.batches import positioned, write_in_batches
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+STORE_PAGE = Path(__file__).resolve().parents[2] / "docs" / "store.md"
 PNG = b"\x89PNG\r\n\x1a\n"
 runner = CliRunner()
 sql_app = typer.Typer()
@@ -77,9 +77,9 @@ def test_a_figure_without_data_is_a_no_data_panel(tmp_path: Path) -> None:
     assert 'data-points="0" data-empty="true"' in html and "no data: no trajectory" in html
 
 
-def test_readme_sql_answers_pass1_by_version_and_rollout_time(db_url: str) -> None:
-    readme = README.read_text()
-    assert PASS1_BY_VERSION_SQL in readme and ROLLOUT_TIME_SQL in readme  # the README quotes these strings
+def test_documented_sql_answers_pass1_by_version_and_rollout_time(db_url: str) -> None:
+    page = STORE_PAGE.read_text()
+    assert PASS1_BY_VERSION_SQL in page and ROLLOUT_TIME_SQL in page  # docs/store.md quotes these strings
     train = training_run(TRAIN)
     write_in_batches(db_url, positioned(train + eval_run(EVAL)))
 
