@@ -13,6 +13,12 @@ Runs alternate (plain, engine, plain, ...) `--repeats` times per batch size and 
 medians are reported. Last line: {"tokens_per_s_b1", "tokens_per_s_b16",
 "tokens_per_s_b64", "ratio"} where ratio = engine / plain at batch 64 (target >= 0.8),
 plus the plain loop's figures for reference.
+
+With `--model DIR` (any supported Hugging Face directory, or a known name) the baseline is
+`transformers`' own `generate` on the same directory, dtype (`--dtype`), prompts and batch
+(`--batch`, default 8), sampling at temperature 1 with every one of `--new-tokens` forced
+(no early stop). Last line: {"model", "dtype", "batch", "tokens_per_s",
+"transformers_tokens_per_s", "ratio", ...}; target ratio >= 1.0 at batch 8 for SmolLM2 in bf16.
 """
 
 from __future__ import annotations
@@ -32,8 +38,13 @@ from rich.progress import Progress
 from agents.engine.engine import Engine
 from agents.engine.protocol import SamplingParams
 from agents.engine.sampling import BatchSampling, sample
-from rollstream.commands.common import ConfigPath, Overrides, console, read_config
+from rollstream.commands.common import ConfigPath, Overrides, console, read_config, resolve_model_dir
+from rollstream.config import Config
+from trainer.checkpoint import TORCH_DTYPES
+from trainer.checkpoint import read_config as read_model_config
 from trainer.model import KVCache, ModelConfig, PolicyModel, build_model
+
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32"}
 
 BATCH_SIZES = (1, 16, 64)
 
@@ -86,6 +97,80 @@ def engine_run(engine: Engine, batch_prompts: list[list[int]], new_tokens: int) 
     return generated / elapsed
 
 
+def transformers_run(model: object, batch_prompts: list[list[int]], new_tokens: int, pad_id: int) -> float:
+    """Tokens/s of `transformers`' generate on the same prompts: one batch, sampling at temperature 1,
+    exactly `new_tokens` each (min_new_tokens keeps an end token from stopping a row early)."""
+    ids = torch.tensor(batch_prompts)
+    began = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(  # type: ignore[attr-defined]
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=pad_id,
+        )
+    elapsed = time.perf_counter() - began
+    return (out.shape[1] - ids.shape[1]) * ids.shape[0] / elapsed
+
+
+def against_transformers(
+    settings: Config,
+    model_dir: Path,
+    dtype: str,
+    batch: int,
+    repeats: int,
+    new_tokens: int,
+    prompt_tokens: int,
+) -> dict[str, object]:
+    """Our engine vs transformers' generate on `model_dir` in `dtype`, alternating, medians."""
+    from transformers import AutoModelForCausalLM
+
+    theirs = AutoModelForCausalLM.from_pretrained(model_dir, dtype=TORCH_DTYPES[dtype]).eval()
+    engine_settings = settings.engine.model_copy(
+        update={
+            "dtype": dtype,
+            "max_running_requests": max(batch, 1),
+            "context_length": prompt_tokens + new_tokens + 1,
+        }
+    )
+    engine = Engine(model_dir, engine_settings).start()
+    vocab = read_model_config(model_dir).model.vocab_size
+    batch_prompts = prompts(batch, prompt_tokens, vocab)
+    ours: list[float] = []
+    baseline: list[float] = []
+    try:
+        engine_run(engine, batch_prompts, 4)  # warm-up on both sides
+        transformers_run(theirs, batch_prompts, 4, pad_id=0)
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("benchmarking", total=repeats)
+            for _ in range(repeats):
+                baseline.append(transformers_run(theirs, batch_prompts, new_tokens, pad_id=0))
+                ours.append(engine_run(engine, batch_prompts, new_tokens))
+                progress.advance(task)
+    finally:
+        engine.stop()
+    ours_s, theirs_s = statistics.median(ours), statistics.median(baseline)
+    console.print(f"batch {batch}, {dtype}: engine {ours_s:,.1f} tok/s, transformers {theirs_s:,.1f} tok/s")
+    return {
+        "model": str(model_dir),
+        "dtype": dtype,
+        "batch": batch,
+        "tokens_per_s": round(ours_s, 1),
+        "transformers_tokens_per_s": round(theirs_s, 1),
+        "ratio": round(ours_s / theirs_s, 3),
+        "runs": [round(v, 1) for v in ours],
+        "transformers_runs": [round(v, 1) for v in baseline],
+        "threads": torch.get_num_threads(),
+        "new_tokens": new_tokens,
+        "prompt_tokens": prompt_tokens,
+    }
+
+
 def command(
     config: ConfigPath = None,
     overrides: Overrides = None,
@@ -93,10 +178,27 @@ def command(
     new_tokens: Annotated[int, typer.Option(help="tokens generated per request")] = 64,
     prompt_tokens: Annotated[int, typer.Option(help="prompt length")] = 16,
     threads: Annotated[int, typer.Option(help="torch threads for both sides")] = 1,
+    model: Annotated[
+        str | None, typer.Option(help="a model directory or known name: compare with transformers' generate")
+    ] = None,
+    dtype: Annotated[
+        str, typer.Option(help="with --model: float32 | bfloat16 (or fp32 | bf16)")
+    ] = "bfloat16",
+    batch: Annotated[int, typer.Option(help="with --model: requests decoded together")] = 8,
 ) -> None:
-    """Decode tokens/s at batch 1, 16 and 64: engine vs plain batched loop (same model, same run)."""
+    """Decode tokens/s at batch 1, 16 and 64: engine vs plain batched loop (same model, same run);
+    with --model, the engine vs transformers' generate on that model."""
     settings = read_config(config, overrides)
     torch.set_num_threads(threads)
+    if model is not None:
+        model_dir = resolve_model_dir(settings, model)
+        name = DTYPE_ALIASES.get(dtype, dtype)
+        print(
+            json.dumps(
+                against_transformers(settings, model_dir, name, batch, repeats, new_tokens, prompt_tokens)
+            )
+        )
+        return
     model = build_model(ModelConfig.from_settings(settings.model), seed=settings.model.seed)
     engine_settings = settings.engine.model_copy(
         update={"torch_threads": threads, "max_running_requests": max(BATCH_SIZES)}

@@ -10,7 +10,12 @@ and not timed; our time is wall time between the first and the last step's
 `trainer.steps` events, the shares are the phases' sums over those steps. Rounds
 alternate ours/plain; medians are reported. Last line: `{"tokens_per_s",
 "plain_tokens_per_s", "ratio", "step_s", "wait_share", "logprob_share",
-"update_share", "publish_share"}`. Targets: ratio >= 0.9, wait share <= 0.05.
+"update_share", "publish_share", "model", "dtype", "lora_rank", "peak_rss_mb",
+"plain_peak_rss_mb"}`. Targets: ratio >= 0.9, wait share <= 0.05.
+
+`--model DIR|NAME` trains that model (default: a small random one from [model]); `--dtype`
+and `--lora-rank` set `trainer.dtype` and `trainer.lora.rank`. Peak memory is each path's
+peak resident set size while it runs (sampled every 50 ms).
 """
 
 from __future__ import annotations
@@ -20,16 +25,18 @@ import dataclasses
 import json
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Annotated
 
+import psutil
 import torch
 import typer
 
 from bench.eventgen.groups import GroupLogSpec, synthetic_groups
 from bench.local_broker import ensure_local_broker, fresh_topics
-from rollstream.commands.common import ConfigPath, Overrides, console, read_config
+from rollstream.commands.common import ConfigPath, Overrides, console, read_config, resolve_model_dir
 from rollstream.config import Config
 from streams.bus import EventProducer, read_topic
 from streams.events import Event
@@ -38,22 +45,49 @@ from streams.topics import delete_topics
 from trainer.backends import TorchBackend
 from trainer.batch import TrainSample, samples_of
 from trainer.checkpoint import init_model_dir, load_model
+from trainer.checkpoint import read_config as read_model_config
 from trainer.loop import RlTrainer, RunTarget, TrainerState
+from trainer.lora import apply_lora
 from trainer.step import make_optimizer, rl_step
 
 RUN = "bench-trainer"
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32"}
 
 
-def _spec(cfg: Config, groups: int, tokens: int, group_size: int) -> GroupLogSpec:
+def _spec(vocab_size: int, groups: int, tokens: int, group_size: int) -> GroupLogSpec:
     return GroupLogSpec(
         run_id=RUN,
         groups=groups,
         group_size=group_size,
         prompt_tokens=tokens // 8,
         output_tokens=tokens - tokens // 8,
-        vocab_size=cfg.model.vocab_size,
+        vocab_size=vocab_size,
         versions_per_group=0.0,
     )
+
+
+class PeakRss:
+    """The process's peak resident set size while the block runs, sampled in a thread."""
+
+    def __init__(self, every_s: float = 0.05) -> None:
+        self.every_s = every_s
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        process = psutil.Process()
+        while not self._stop.is_set():
+            self.peak_mb = max(self.peak_mb, process.memory_info().rss / 2**20)
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _batches(records: list[tuple[str, Event]], per_step: int) -> list[list[TrainSample]]:
@@ -109,7 +143,10 @@ async def _ours(cfg: Config, base: Path, records: list[tuple[str, Event]], steps
 
 
 def _plain(cfg: Config, base: Path, batches: list[list[TrainSample]], steps: int) -> float:
-    model = load_model(base).to(cfg.trainer.device).train()
+    model = load_model(base)
+    if cfg.trainer.lora.rank:  # the same adapters as TorchBackend makes
+        model = apply_lora(model, cfg.trainer.lora, cfg.trainer.seed)
+    model = model.to(cfg.trainer.device).train()
     if cfg.trainer.torch_threads:
         torch.set_num_threads(cfg.trainer.torch_threads)
     optimizer = make_optimizer(model, cfg.trainer, cfg.trainer.lr)
@@ -128,26 +165,46 @@ def command(
     rounds: Annotated[int, typer.Option(help="passes of each path (alternating); medians reported")] = 3,
     tokens: Annotated[int, typer.Option(help="tokens per trajectory")] = 512,
     group_size: Annotated[int, typer.Option(help="trajectories per group")] = 8,
+    model: Annotated[
+        str | None, typer.Option(help="model directory or known name (default: a small one)")
+    ] = None,
+    dtype: Annotated[str | None, typer.Option(help="trainer.dtype: bf16 | fp32")] = None,
+    lora_rank: Annotated[int | None, typer.Option(help="trainer.lora.rank (0: full fine-tuning)")] = None,
 ) -> None:
     """Trainer tokens/s on Kafka vs a plain torch loop over the same batches (targets: ratio >= 0.9)."""
-    cfg = read_config(config, overrides)
+    extra = [f'trainer.dtype="{DTYPE_ALIASES.get(dtype, dtype)}"'] if dtype else []
+    extra += [f"trainer.lora.rank={lora_rank}"] if lora_rank is not None else []
+    cfg = read_config(config, [*(overrides or []), *extra])
     ensure_local_broker(cfg)
     per_step = cfg.trainer.groups_per_step
-    records = synthetic_groups(_spec(cfg, (steps + 2) * per_step, tokens, group_size))  # more than consumed
-    batches = _batches(records, per_step)
-    ours: list[dict[str, float]] = []
-    plain: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-model-") as scratch:
-        base = init_model_dir(cfg.model, Path(scratch) / "model")
+        base = resolve_model_dir(cfg, model) if model else init_model_dir(cfg.model, Path(scratch) / "model")
+        vocab = read_model_config(base).model.vocab_size
+        records = synthetic_groups(
+            _spec(vocab, (steps + 2) * per_step, tokens, group_size)
+        )  # more than consumed
+        batches = _batches(records, per_step)
+        ours: list[dict[str, float]] = []
+        plain: list[float] = []
+        peaks: dict[str, list[float]] = {"ours": [], "plain": []}
         for round_no in range(1, rounds + 1):
-            ours.append(asyncio.run(_ours(cfg, base, records, steps)))
-            plain.append(_plain(cfg, base, batches, steps))
+            with PeakRss() as peak:
+                ours.append(asyncio.run(_ours(cfg, base, records, steps)))
+            peaks["ours"].append(peak.peak_mb)
+            with PeakRss() as peak:
+                plain.append(_plain(cfg, base, batches, steps))
+            peaks["plain"].append(peak.peak_mb)
             console.print(
                 f"round {round_no}: trainer {ours[-1]['tokens_per_s']:,.0f} tokens/s, "
                 f"plain {plain[-1]:,.0f} tokens/s"
             )
     figures = {key: statistics.median(r[key] for r in ours) for key in ours[0]}
     result = {
+        "model": model or "small (model init)",
+        "dtype": cfg.trainer.dtype,
+        "lora_rank": cfg.trainer.lora.rank,
+        "peak_rss_mb": round(max(peaks["ours"]), 1),
+        "plain_peak_rss_mb": round(max(peaks["plain"]), 1),
         "tokens_per_s": round(figures["tokens_per_s"], 1),
         "plain_tokens_per_s": round(statistics.median(plain), 1),
         "ratio": round(figures["tokens_per_s"] / statistics.median(plain), 3),

@@ -14,12 +14,15 @@ refuses a checkpoint of another run or another model shape with a clear error.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from trainer.model import ModelConfig
 
 CHECKPOINT_FORMAT = 1
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -90,7 +93,7 @@ def load_checkpoint(path: Path, *, run_id: str, mode: str, model_shape: dict[str
         )
     if raw["mode"] != mode:
         raise CheckpointError(f"{path} is a {raw['mode']} checkpoint; this is a {mode} run")
-    if raw["model_shape"] != model_shape:
+    if not same_shape(raw["model_shape"], model_shape):
         raise CheckpointError(
             f"{path} was written for model {raw['model_shape']}, but the model is {model_shape}: "
             "point --set model.path at the model this run started from"
@@ -108,3 +111,16 @@ def load_checkpoint(path: Path, *, run_id: str, mode: str, model_shape: dict[str
         taken_groups=frozenset(raw["taken_groups"]),
         extra=dict(raw.get("extra", {})),
     )
+
+
+def same_shape(recorded: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Whether a checkpoint's recorded model shape is the current one. Fields the recording predates
+    (added to `ModelConfig` later: head_dim, biases, tying, ...) count as equal when the current model
+    has their default, so checkpoints of older runs of the same model still resume."""
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    head_dim = current.get("hidden_size", 0) // max(int(current.get("num_heads", 1)), 1)
+    defaults["head_dim"] = head_dim
+    return all(
+        recorded[key] == value if key in recorded else value == defaults.get(key)
+        for key, value in current.items()
+    ) and set(recorded) <= set(current)

@@ -33,3 +33,19 @@ def fail(message: str, code: int = 1) -> NoReturn:
     """Print `message` as an error and exit with `code` (raises typer.Exit)."""
     err_console.print(f"[bold red]error:[/] {message}")
     raise typer.Exit(code)
+
+
+def resolve_model_dir(cfg: Config, model: str | Path | None = None, dtype: str | None = None) -> Path:
+    """The model directory a command runs: `model` (a directory or a known name, fetched when missing),
+    else the config's. Checked before any process starts (family, weights, tokenizer, chat template,
+    `dtype` on this machine); a clear error and exit code 1 when it is not usable."""
+    from trainer.checkpoint import check_model_dir
+    from trainer.model_sources import ModelSourceError, resolve_model
+
+    chosen = model if model is not None else (cfg.model.path or cfg.model_dir)
+    try:
+        path = resolve_model(chosen, cfg.state_dir)
+        check_model_dir(path, dtype)
+    except (ModelSourceError, FileNotFoundError, ValueError) as error:
+        fail(str(error))
+    return path

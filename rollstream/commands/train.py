@@ -23,14 +23,13 @@ from typing import Any
 
 import typer
 
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config, resolve_model_dir
 from rollstream.config import Config
 from streams.heartbeat import start_heartbeat
 from trainer.backends import TorchBackend, TrainBackend
 from trainer.checkpoint import load_model
 from trainer.checkpoint import read_config as read_model_config
 from trainer.loop import RlTrainer, RunTarget, TrainerState
-from trainer.model import ModelConfig
 from trainer.publish import remove_temp_dirs, run_weights_dir
 from trainer.resume import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint
 from trainer.sft import SftDatasetError, SftPosition, SftTrainer, read_sft_dataset
@@ -102,24 +101,10 @@ def command(
 
 
 def run_target(cfg: Config, run_id: str, weights_dir: Path, checkpoint: Path) -> RunTarget:
-    """The run's paths and model, after checking the model directory matches the config."""
-    base_dir = cfg.model_dir
-    try:
-        found = read_model_config(base_dir).model
-    except (FileNotFoundError, KeyError) as error:
-        fail(f"{base_dir} is not a model directory ({error}); create it with `rollstream model init`")
-    expected = ModelConfig.from_settings(cfg.model)
-    if found != expected:
-        differ = {
-            k: (v, getattr(expected, k))
-            for k, v in dataclasses.asdict(found).items()
-            if v != getattr(expected, k)
-        }
-        fail(
-            f"the model directory {base_dir} does not match the config: "
-            + ", ".join(f"{k}={v[0]} there, {v[1]} in the config" for k, v in differ.items())
-            + "; fix the [model] settings or point model.path at the right directory"
-        )
+    """The run's paths and model: the model directory (`model.path`; its config.json is the truth),
+    checked before anything trains."""
+    base_dir = resolve_model_dir(cfg, dtype=cfg.trainer.dtype)
+    found = read_model_config(base_dir).model
     shape: dict[str, Any] = dataclasses.asdict(found)
     return RunTarget(run_id, base_dir, weights_dir, checkpoint, found, shape)
 

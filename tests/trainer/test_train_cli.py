@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,9 +55,14 @@ def test_bad_input_gets_a_clear_error(config_factory: Callable[..., Config], tmp
     cfg = config_factory(*OVERRIDES, create_topics=False)
     make_model(cfg)
 
-    wrong_model = invoke_train("--run", "r", *_args(cfg, "model.hidden_size=32"))
-    assert wrong_model.exit_code == 1
-    assert "does not match the config" in said(wrong_model) and "hidden_size=16 there" in said(wrong_model)
+    no_model = invoke_train("--run", "r", *_args(cfg, f'model.path="{tmp_path / "nothing"}"'))
+    assert no_model.exit_code == 1 and "neither a model directory nor a known model" in said(no_model)
+    foreign_arch = tmp_path / "mistral"
+    shutil.copytree(cfg.model_dir, foreign_arch)
+    raw = json.loads((foreign_arch / "config.json").read_text())
+    (foreign_arch / "config.json").write_text(json.dumps({**raw, "architectures": ["MistralForCausalLM"]}))
+    wrong_model = invoke_train("--run", "r", *_args(cfg, f'model.path="{foreign_arch}"'))
+    assert wrong_model.exit_code == 1 and "field `architectures`" in said(wrong_model)
 
     foreign = tmp_path / "other.pt"
     save_checkpoint(
