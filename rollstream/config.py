@@ -36,7 +36,7 @@ from streams.settings import (
     StreamWorkerSettings,
     TopicSettings,
 )
-from trainer.settings import ModelSettings, TrainerSettings
+from trainer.settings import ModelSettings, ModelSourceSettings, TrainerSettings
 
 DEFAULT_CONFIG_FILE = Path("rollstream.toml")
 
@@ -117,6 +117,7 @@ class Config(Frozen):
     policy: PolicySettings = PolicySettings()
     streams: StreamWorkerSettings = StreamWorkerSettings()
     model: ModelSettings = ModelSettings()
+    model_sources: ModelSourceSettings = ModelSourceSettings()
     engine: EngineSettings = EngineSettings()
     client: ClientSettings = ClientSettings()
     follow: FollowSettings = FollowSettings()

