@@ -166,7 +166,13 @@ class ChatFormat:
         """Compare the context the engine saw (`pieces`: prompt, output 1, observation 1, output 2,
         ...) with the template's rendering of `messages`; None when they agree."""
         seen = self.decode_exact([t for piece in pieces for t in piece])
-        rendered = self.template.render(messages, add_generation_prompt=len(pieces) % 2 == 1)
+        ends_in_output = len(pieces) % 2 == 0
+        rendered = self.template.render(messages, add_generation_prompt=not ends_in_output)
+        if ends_in_output:  # the re-render closes the last assistant message; the context is not closed yet
+            rendered = rendered.removesuffix(self.close)
+            last = pieces[-1]
+            if last and last[-1] in self.stop_token_ids:
+                seen = seen.removesuffix(self.decode_exact([last[-1]]))
         if seen == rendered:
             return None
         offset = next((i for i, (a, b) in enumerate(zip(seen, rendered, strict=False)) if a != b), None)

@@ -15,9 +15,11 @@ the mean over tasks (`pass_at_1`, pure).
 from __future__ import annotations
 
 import asyncio
+import math
+import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agents.episode import Episode, EpisodeServices, EpisodeSpec, EventSink
 from agents.identity import group_id, trajectory_id
@@ -48,11 +50,18 @@ class EvalResult:
     pass1: float
     infra_reruns: int
     outcomes: dict[str, int]
+    task_means: dict[str, float] = field(default_factory=dict)  # per task: the mean success of its attempts
+
+    @property
+    def pass1_stderr(self) -> float:
+        """Standard error of pass@1 over tasks (the tasks are the sample: sd of task means / sqrt(n))."""
+        return stderr_of(list(self.task_means.values()))
 
     def summary(self) -> dict[str, object]:
         """The last line of `rollstream eval`."""
         return {
             "pass1": round(self.pass1, 4),
+            "pass1_stderr": round(self.pass1_stderr, 4),
             "tasks": self.tasks,
             "attempts": self.attempts,
             "model_version": self.model_version,
@@ -61,14 +70,33 @@ class EvalResult:
         }
 
 
-def pass_at_1(results: Sequence[AttemptResult]) -> float:
-    """Mean over tasks of the mean per-attempt success (0.0 for no results)."""
+def task_means(results: Sequence[AttemptResult]) -> dict[str, float]:
+    """Per task, the mean success over its attempts."""
     by_task: dict[str, list[bool]] = defaultdict(list)
     for result in results:
         by_task[result.task_id].append(result.resolved)
-    if not by_task:
+    return {task: sum(v) / len(v) for task, v in by_task.items()}
+
+
+def pass_at_1(results: Sequence[AttemptResult]) -> float:
+    """Mean over tasks of the mean per-attempt success (0.0 for no results)."""
+    means = task_means(results)
+    return sum(means.values()) / len(means) if means else 0.0
+
+
+def stderr_of(values: Sequence[float]) -> float:
+    """Standard error of the mean of `values` (sample sd / sqrt(n); 0 for fewer than 2)."""
+    if len(values) < 2:
         return 0.0
-    return sum(sum(v) / len(v) for v in by_task.values()) / len(by_task)
+    return statistics.stdev(values) / math.sqrt(len(values))
+
+
+def paired_gain(before: EvalResult, after: EvalResult) -> tuple[float, float]:
+    """(mean gain, its standard error) of `after` over `before` on the tasks both measured, paired by
+    task: the held-out tasks are shared, so their difficulty cancels out of the gain's error."""
+    shared = sorted(set(before.task_means) & set(after.task_means))
+    gains = [after.task_means[t] - before.task_means[t] for t in shared]
+    return (sum(gains) / len(gains) if gains else 0.0), stderr_of(gains)
 
 
 async def evaluate(
@@ -123,6 +151,7 @@ async def evaluate(
         tasks=len(tasks),
         attempts=attempts,
         pass1=pass_at_1(results),
+        task_means=task_means(results),
         infra_reruns=sum(r.reruns for r in results),
         outcomes=dict(Counter(r.outcome for r in results)),
     )

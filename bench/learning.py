@@ -9,9 +9,16 @@ trainer) for `learning.rl_steps` steps; pass@1 of the last RL version. All evalu
 run `eval.attempts` attempts of every held-out task (`rollstream eval`'s code).
 
 Last line: `{"base_pass1", "sft_pass1", "rl_pass1", "rl_steps", "wall_s", "ratio",
-"expert_resolved", ...}` with ratio = rl_pass1 / sft_pass1 (the reference run: 2.1).
+"model", ...}` with ratio = rl_pass1 / sft_pass1 (the reference run: 2.1), each pass@1's
+standard error over tasks (`*_pass1_stderr`) and the gains SFT - base and RL - SFT with their
+standard errors paired by task (`sft_gain`, `rl_gain`, `*_gain_stderr`).
 Targets (2 CPU cores, within 30 minutes): RL at least 15 points of pass@1 over SFT,
 SFT at least 10 over base, for any seed.
+
+`--model NAME|DIR` starts from a pretrained model instead (`learning.base_model`, with
+`rollstream.learning.PRETRAINED_DEFAULTS`): base is the pretrained model as it is, and the run
+lives in `<state_dir>/learning/<model>/seed-S/`. Targets for SmolLM2-135M-Instruct on 2 cores:
+SFT >= base + 15 points, RL >= SFT + 8 points and >= 2 standard errors, within 90 minutes.
 """
 
 from __future__ import annotations
@@ -24,19 +31,19 @@ from pathlib import Path
 
 import typer
 
-from agents.evaluate import EvalResult
+from agents.evaluate import EvalResult, paired_gain
 from bench.local_broker import ensure_local_broker
 from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
 from rollstream.config import Config
 from rollstream.evaluation import evaluate_model
 from rollstream.learning import (
-    LEARNING_DEFAULTS,
     LearningError,
     LearningPaths,
     build_sft_model,
     collect_expert,
     feed_until_trained,
     latest_version_dir,
+    learning_overrides,
     learning_paths,
     prepare,
     start_rl_processes,
@@ -47,12 +54,15 @@ from rollstream.supervisor import ProcessExitedError, Supervisor
 def command(
     seed: int = typer.Option(0, "--seed", help="tasks, model init and the expert's choices"),
     steps: int | None = typer.Option(None, "--steps", min=1, help="RL steps (learning.rl_steps)"),
+    model: str | None = typer.Option(
+        None, "--model", help="start from a pretrained model (directory or known name) instead of a small one"
+    ),
     config: ConfigPath = None,
     overrides: Overrides = None,
 ) -> None:
     """Base -> SFT -> RL on the learning family; pass@1 of each on held-out tasks; last line JSON."""
     extra = [
-        *LEARNING_DEFAULTS,
+        *learning_overrides(model),
         f"learning.seed={seed}",
         *([f"learning.rl_steps={steps}"] if steps else []),
         *isolated(f"bl{seed}-{uuid.uuid4().hex[:6]}"),
@@ -67,6 +77,7 @@ def command(
         figures = _run(cfg, prepare(cfg), config_args, f"bench-learning-s{seed}-{int(time.time())}")
     except (LearningError, ProcessExitedError, TimeoutError) as error:
         fail(str(error))
+    figures["model"] = model or "small (model init)"
     figures["wall_s"] = round(time.monotonic() - began, 1)
     figures["ratio"] = round(figures["rl_pass1"] / figures["sft_pass1"], 3) if figures["sft_pass1"] else None
     print(json.dumps(figures))
@@ -116,10 +127,19 @@ def _run(cfg: Config, paths: LearningPaths, config_args: list[str], run: str) ->
             "(learning.end_when_train_solved)"
         )
     rl = evaluate(latest_version_dir(cfg.weights_dir / rl_run), "rl")
+    sft_gain, sft_gain_se = paired_gain(base, sft)
+    rl_gain, rl_gain_se = paired_gain(sft, rl)
     return {
         "base_pass1": round(base.pass1, 4),
         "sft_pass1": round(sft.pass1, 4),
         "rl_pass1": round(rl.pass1, 4),
+        "base_pass1_stderr": round(base.pass1_stderr, 4),
+        "sft_pass1_stderr": round(sft.pass1_stderr, 4),
+        "rl_pass1_stderr": round(rl.pass1_stderr, 4),
+        "sft_gain": round(sft_gain, 4),
+        "sft_gain_stderr": round(sft_gain_se, 4),
+        "rl_gain": round(rl_gain, 4),
+        "rl_gain_stderr": round(rl_gain_se, 4),
         "rl_steps": progress.step,
         "seed": cfg.learning.seed,
         "heldout_tasks": sft.tasks,

@@ -82,6 +82,11 @@ class LearningSettings(Frozen):
     """Base -> SFT -> RL on the learning task family (`rollstream bench learning`, the demo)."""
 
     seed: int = Field(default=0, description="tasks, base model init and the expert's choices")
+    base_model: str = Field(
+        default="",
+        description="a pretrained model to start from (directory or known name, e.g. smollm2-135m-instruct); "
+        "empty: a small random model initialised per seed",
+    )
     train_tasks: int = Field(default=128, ge=1, description="tasks of the train split (expert, RL)")
     heldout_tasks: int = Field(default=32, ge=1, description="tasks of the held-out split (evaluation only)")
     expert_groups_per_task: int = Field(default=1, ge=1, description="expert groups per train task (SFT)")

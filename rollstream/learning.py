@@ -37,9 +37,10 @@ from sandboxes.tasks.family import FAMILY_VERSION, write_family
 from streams.bus import EventConsumer, EventProducer
 from streams.payloads import GroupFormed, TrainerStep
 from streams.topics import create_topics
-from trainer.checkpoint import init_model_dir
+from trainer.checkpoint import check_model_dir, init_model_dir
 from trainer.checkpoint import read_config as read_model_config
 from trainer.intake import STALE
+from trainer.model_sources import KNOWN_MODELS, models_dir, resolve_model
 
 SFT_RECIPE = "sft_recipe.json"
 
@@ -63,6 +64,33 @@ LEARNING_DEFAULTS = (
 )
 
 
+# A pretrained model of SmolLM2-135M's size on 2 CPU cores (`bench learning --model`, `demo --model`),
+# after LEARNING_DEFAULTS: bf16 engine and trainer (~1.8x fp32 here), micro-batches that keep a
+# 49k-vocabulary logits tensor small, and a run sized to end within 90 minutes (see docs/models.md).
+PRETRAINED_DEFAULTS = (
+    'engine.dtype="bfloat16"',
+    'trainer.dtype="bfloat16"',
+    "trainer.micro_batch_tokens=2048",
+    "policy.max_new_tokens_per_turn=80",
+    "policy.max_trajectory_tokens=192",
+    "learning.train_tasks=64",
+    "learning.heldout_tasks=64",
+    "eval.attempts=4",
+    "learning.sft_epochs=1",
+    "trainer.sft_lr=3e-5",
+    "trainer.lr=5e-6",
+    "trainer.groups_per_step=4",
+    "learning.rl_steps=16",
+)
+
+
+def learning_overrides(model: str | None) -> list[str]:
+    """The settings a learning run starts from: the family's, and for a pretrained `model` its own."""
+    if not model:
+        return list(LEARNING_DEFAULTS)
+    return [*LEARNING_DEFAULTS, *PRETRAINED_DEFAULTS, f'learning.base_model="{model}"']
+
+
 class LearningError(RuntimeError):
     """A phase of the learning run failed; the message says which and where its logs are."""
 
@@ -70,10 +98,11 @@ class LearningError(RuntimeError):
 @dataclass(frozen=True)
 class LearningPaths:
     root: Path
+    pretrained: Path | None = None  # the base model, when it is not the small one initialised per seed
 
     @property
     def base_model(self) -> Path:
-        return self.root / "base"
+        return self.pretrained or self.root / "base"
 
     @property
     def train_tasks(self) -> Path:
@@ -89,7 +118,14 @@ class LearningPaths:
 
 
 def learning_paths(cfg: Config) -> LearningPaths:
-    return LearningPaths(cfg.state_dir / "learning" / f"seed-{cfg.learning.seed}")
+    """`<state_dir>/learning/seed-<S>/` for the small model, `learning/<model>/seed-<S>/` for a
+    pretrained one (`learning.base_model`: a directory, or a known name under <state_dir>/models/)."""
+    seed = f"seed-{cfg.learning.seed}"
+    base = cfg.learning.base_model
+    if not base:
+        return LearningPaths(cfg.state_dir / "learning" / seed)
+    path = Path(base) if Path(base).is_dir() or base not in KNOWN_MODELS else models_dir(cfg.state_dir) / base
+    return LearningPaths(cfg.state_dir / "learning" / path.name / seed, pretrained=path)
 
 
 def prepare(cfg: Config) -> LearningPaths:
@@ -104,7 +140,10 @@ def prepare(cfg: Config) -> LearningPaths:
             if directory.exists():
                 shutil.rmtree(directory)
             write_family(directory, split, recipe["n"], learning.seed, python=cfg.tasks.python)
-    if not (paths.base_model / "config.json").exists():
+    if learning.base_model:
+        resolve_model(learning.base_model, cfg.state_dir)  # fetched and converted on first use
+        check_model_dir(paths.base_model, cfg.trainer.dtype)
+    elif not (paths.base_model / "config.json").exists():
         settings = cfg.model.model_copy(update={"seed": learning.seed})
         init_model_dir(settings, paths.base_model)
     return paths
@@ -189,6 +228,7 @@ def sft_recipe(cfg: Config) -> dict[str, object]:
     """The settings an SFT model is made from: the train split it learned from, the expert, SFT."""
     learning = cfg.learning
     return {
+        "base_model": learning.base_model,
         "train_split": split_recipe(learning, "train"),
         "expert": cfg.expert.model_dump(mode="json"),
         "group_size": cfg.policy.group_size,

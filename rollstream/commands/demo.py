@@ -32,12 +32,12 @@ from rollstream.config import Config
 from rollstream.evaluation import evaluate_model
 from rollstream.launcher.kafka import ensure_up, points_at_local_broker
 from rollstream.learning import (
-    LEARNING_DEFAULTS,
     LearningError,
     LearningPaths,
     ensure_sft_model,
     feed_until_trained,
     latest_version_dir,
+    learning_overrides,
     prepare,
     start_rl_processes,
 )
@@ -58,11 +58,14 @@ class Interrupted(KeyboardInterrupt):
 def command(
     steps: int = typer.Option(DEFAULT_STEPS, "--steps", min=1, help="trainer steps of RL"),
     timeout_s: float = typer.Option(1800.0, "--timeout", help="give up RL after this many seconds"),
+    model: str | None = typer.Option(
+        None, "--model", help="a pretrained model (directory or known name) instead of the small one"
+    ),
     config: ConfigPath = None,
     overrides: Overrides = None,
 ) -> None:
     """Train the policy with RL through the whole pipeline; pass@1 before and after; a report."""
-    extra = [*LEARNING_DEFAULTS, *(overrides or [])]
+    extra = [*learning_overrides(model), *(overrides or [])]
     cfg = read_config(config, extra)
     run_id = cfg.run.name or f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
     console.rule(f"[bold]Rollstream demo · run {run_id}")

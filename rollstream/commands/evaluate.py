@@ -17,14 +17,16 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agents.evaluate import AttemptResult, EvalInfraError
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config, resolve_model_dir
 from rollstream.evaluation import EngineStartError, evaluate_model
 from rollstream.pipeline import ProcessExitedError
 from sandboxes.tasks import TaskFormatError, load_tasks
 
 
 def command(
-    model: Path = typer.Option(..., "--model", help="model directory (a base model or a weight version)"),
+    model: str = typer.Option(
+        ..., "--model", help="model directory (a base model or a weight version) or a known model name"
+    ),
     tasks: Path = typer.Option(..., "--tasks", help="task set directory (e.g. the family's heldout split)"),
     attempts: int | None = typer.Option(None, "--attempts", min=1, help="attempts per task (eval.attempts)"),
     run: str = typer.Option("", "--run", help="the eval's run id (default eval-<time>-<hex>)"),
@@ -39,6 +41,7 @@ def command(
         count = len(load_tasks(tasks))
     except TaskFormatError as error:
         fail(str(error), code=2)
+    model_dir = resolve_model_dir(cfg, model, cfg.engine.dtype)
     run_id = run or f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
     config_args = [*(["--config", str(config)] if config else []), *[a for o in extra for a in ("--set", o)]]
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -53,7 +56,7 @@ def command(
         try:
             result = evaluate_model(
                 cfg,
-                model,
+                model_dir,
                 tasks,
                 run_id,
                 log_dir=cfg.state_dir / "runs" / run_id / "logs",

@@ -141,3 +141,13 @@ def test_a_reply_cut_by_the_length_cap_is_closed_before_the_observation(tmp_path
     assert chat.decode_exact(cut).startswith("<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nout")
     whole = chat.observation([*chat.encode("done"), *chat.turn_end], "out")
     assert chat.decode_exact(whole).startswith("<|start_header_id|>user")
+
+
+@pytest.mark.parametrize("stopped", [True, False], ids=["stop-token", "length-cap"])
+def test_a_context_that_ends_in_an_output_is_no_drift(stopped: bool, tmp_path: Path) -> None:
+    """An episode that ends right after a generation has not closed that message yet: the re-render
+    closes it, which is not a difference in what the engine saw."""
+    chat = ChatFormat.from_model_dir(model_dir(tmp_path, SMOLLM2))
+    conversation = Conversation.start(chat, "You fix bugs.", "Fix lib.py.")
+    conversation.add_output([*chat.encode(REPLIES[1]), *(chat.turn_end if stopped else ())])
+    assert conversation.drift() is None
