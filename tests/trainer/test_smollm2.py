@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from rollstream.commands.model import app as model_app
 from rollstream.config import Config
-from trainer.model_sources import KNOWN_MODELS, PROVENANCE_FILE, WHEELS_DIR, fetch_model, models_dir
+from trainer.model_sources import KNOWN_MODELS, PROVENANCE_FILE, WHEELS_DIR, fetch_model
 from trainer.settings import ModelSourceSettings
 
 pytestmark = pytest.mark.slow
@@ -39,11 +39,6 @@ CODE = (
 # Measured 20.79 in fp32 (80 tokens). The same weights with rope_theta 10,000 (what a reader
 # of `rope_parameters` alone gets from transformers 4.x) measured 23.7; random weights ~49,000.
 PERPLEXITY_BOUND = 22.0
-
-
-@pytest.fixture(scope="session")
-def smollm2(base_config: Config) -> Path:
-    return fetch_model(NAME, models_dir(base_config.state_dir))
 
 
 @pytest.fixture(scope="session")
