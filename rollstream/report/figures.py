@@ -65,16 +65,24 @@ def family(outcome: str) -> str:
 
 
 def pass1_by_version(versions: list[VersionRow]) -> Figure:
-    scored = [v for v in versions if v.scored > 0]
-    x = [float(v.version) for v in scored]
-    rewards = [(float(v.version), v.reward_mean) for v in scored if v.reward_mean is not None]
+    scored = [v for v in versions if v.scored > 0 and v.version is not None]
+    x = [float(v.version) for v in scored if v.version is not None]
+    rewards = [
+        (float(v.version), v.reward_mean)
+        for v in scored
+        if v.version is not None and v.reward_mean is not None
+    ]
     infra = sum(v.infra_errors for v in versions)
     attempts = sum(v.scored for v in scored)
+    notes = [f"{attempts} scored attempts; {infra} infrastructure errors not scored"]
+    tokenless = sum(v.scored for v in versions if v.version is None)
+    if tokenless:
+        notes.append(f"{tokenless} scored attempts generated no token (no version)")
     return Figure(
         key="pass1_by_version",
         title="pass@1 and mean reward by weight version",
         kind="lines",
-        xlabel="weight version (at trajectory start)",
+        xlabel="weight version (of the trajectory's first token)",
         ylabel="pass@1 / mean reward",
         series=[
             Series("pass@1", x, [v.resolved / v.scored for v in scored]),
@@ -82,7 +90,7 @@ def pass1_by_version(versions: list[VersionRow]) -> Figure:
         ],
         points=len(scored),
         empty_reason="no scored trajectories",
-        notes=[f"{attempts} scored attempts; {infra} infrastructure errors not scored"],
+        notes=notes,
     )
 
 
@@ -301,7 +309,7 @@ def summary(rows: RunRows, settings: ReportSettings) -> dict[str, str]:
         "trajectories finished": str(finished),
         "scored attempts": str(scored),
         "pass@1 (all versions)": f"{resolved / scored:.1%}" if scored else "-",
-        "weight versions": ", ".join(str(v.version) for v in rows.versions) or "-",
+        "weight versions": _version_list([v.version for v in rows.versions if v.version is not None]),
         "trainer steps": str(len(rows.steps)),
     }
     if rows.spans_ns:
@@ -310,6 +318,15 @@ def summary(rows: RunRows, settings: ReportSettings) -> dict[str, str]:
             f"{tail_share(spans, settings.finished_fraction):.1%}"
         )
     return out
+
+
+def _version_list(versions: list[int]) -> str:
+    """ "2-17" for a run of consecutive versions, else the versions one by one."""
+    if not versions:
+        return "-"
+    if len(versions) > 2 and versions == list(range(versions[0], versions[-1] + 1)):
+        return f"{versions[0]}-{versions[-1]}"
+    return ", ".join(map(str, versions))
 
 
 def _family_rank(outcome: str) -> int:

@@ -6,8 +6,8 @@ the database can do them (counts, sums, means by version, outcome, turns), raw v
 where the figure needs them all (finish times, cap waits). No plotting here and no
 figure logic: `figures` turns these rows into figure data.
 
-A trajectory's weight version is the one in force when it started
-(`trajectories.start_policy_version`, the end's where the start is missing); pass@1
+A trajectory's weight version is the version of its first generated token
+(`trajectories.start_policy_version`; None for one that never generated); pass@1
 is the reference run's: the mean of per-attempt success over scored attempts
 (infrastructure errors are never scored, so they count neither way).
 
@@ -33,13 +33,13 @@ INFRA_PREFIX = "infra_error"
 TRAJECTORY_PARTS = ("llm_s", "tool_s", "sandbox_start_s", "agent_install_s", "tests_s", "queue_s")
 
 PASS1_BY_VERSION_SQL = """\
-SELECT run_id, COALESCE(start_policy_version, end_policy_version) AS version,
+SELECT run_id, start_policy_version AS version,
        COUNT(*) AS attempts,
        AVG(CASE WHEN outcome = 'resolved' THEN 1.0 ELSE 0.0 END) AS pass1,
        AVG(reward) AS reward_mean
 FROM trajectories
 WHERE finished_ns IS NOT NULL AND outcome NOT LIKE 'infra_error%'
-GROUP BY run_id, COALESCE(start_policy_version, end_policy_version)
+GROUP BY run_id, start_policy_version
 ORDER BY run_id, version"""
 
 ROLLOUT_TIME_SQL = """\
@@ -56,9 +56,9 @@ ORDER BY run_id"""
 
 @dataclass(frozen=True)
 class VersionRow:
-    """Trajectories that started under one weight version."""
+    """Trajectories whose first token came from one weight version (None: they generated none)."""
 
-    version: int
+    version: int | None
     scored: int  # attempts that count for pass@1 (not infrastructure errors)
     resolved: int
     infra_errors: int
@@ -106,7 +106,7 @@ def _finished(run_id: str) -> Any:
 
 
 def version_rows(conn: Connection, run_id: str) -> list[VersionRow]:
-    version = func.coalesce(T.c.start_policy_version, T.c.end_policy_version)
+    version = T.c.start_policy_version
     infra = T.c.outcome.like(f"{INFRA_PREFIX}%")
     stmt = (
         select(
@@ -121,9 +121,14 @@ def version_rows(conn: Connection, run_id: str) -> list[VersionRow]:
         .order_by(version)
     )
     return [
-        VersionRow(int(v), int(scored), int(resolved), int(infra_n), None if mean is None else float(mean))
+        VersionRow(
+            None if v is None else int(v),
+            int(scored),
+            int(resolved),
+            int(infra_n),
+            None if mean is None else float(mean),
+        )
         for v, scored, resolved, infra_n, mean in conn.execute(stmt)
-        if v is not None
     ]
 
 

@@ -158,8 +158,12 @@ def _step(rng: random.Random, run_id: str, version: int, time_ns: int) -> Event:
 
 
 def expected_pass1(events: list[Event]) -> dict[int, float]:
-    """pass@1 by the version in force at each trajectory's start, from the events alone."""
-    version = {e.trajectory_id: e.policy_version for e in events if e.type == "trajectory.started"}
+    """pass@1 by the version of each trajectory's first generated token, from the events alone."""
+    version = {
+        e.trajectory_id: e.data.output_versions[0]  # type: ignore[attr-defined]
+        for e in events
+        if e.type == "turn.generated" and e.data.turn == 1  # type: ignore[attr-defined]
+    }
     scored: Counter[int] = Counter()
     resolved: Counter[int] = Counter()
     for event in events:
