@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from rollstream.report.figures import Figure, figures, summary
+from rollstream.report.figures import OUTCOME_COLUMNS, Figure, figures, outcome_cells, summary
 from rollstream.report.page import page_html
 from rollstream.report.plots import plot
 from rollstream.report.queries import RunRows, run_ids, run_rows
@@ -57,7 +57,10 @@ def write_report_files(rows: RunRows, out: Path, source: str, settings: ReportSe
     for figure in drawn:
         plot(figure, out / f"{figure.key}.png", settings)
     page = out / "index.html"
-    html = page_html(rows.run_id, source, summary(rows, settings), [(f, f"{f.key}.png") for f in drawn])
+    outcomes = (OUTCOME_COLUMNS, [outcome_cells(row) for row in rows.rewards])
+    html = page_html(
+        rows.run_id, source, summary(rows, settings), [(f, f"{f.key}.png") for f in drawn], outcomes
+    )
     page.write_text(html)
     return Report(page, drawn)
 

@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rollstream.report.queries import INFRA_PREFIX, TRAJECTORY_PARTS, RunRows, StepRow, TimeRow, VersionRow
+from rollstream.report.queries import (
+    INFRA_PREFIX,
+    TRAJECTORY_PARTS,
+    OutcomeRow,
+    RunRows,
+    StepRow,
+    TimeRow,
+    VersionRow,
+)
 from rollstream.report.settings import ReportSettings
 from streams.tail import finished_mark, tail_share
 
@@ -86,7 +94,7 @@ def pass1_by_version(versions: list[VersionRow]) -> Figure:
         ylabel="pass@1 / mean reward",
         series=[
             Series("pass@1", x, [v.resolved / v.scored for v in scored]),
-            Series("mean reward", [r[0] for r in rewards], [float(r[1]) for r in rewards]),
+            Series("mean reward (verifier)", [r[0] for r in rewards], [float(r[1]) for r in rewards]),
         ],
         points=len(scored),
         empty_reason="no scored trajectories",
@@ -318,6 +326,34 @@ def summary(rows: RunRows, settings: ReportSettings) -> dict[str, str]:
             f"{tail_share(spans, settings.finished_fraction):.1%}"
         )
     return out
+
+
+OUTCOME_COLUMNS = (
+    "outcome",
+    "trajectories",
+    "mean turns",
+    "mean reward (verifier)",
+    "trained on",
+    "mean reward (trainer)",
+    "mean seconds",
+)
+
+
+def outcome_cells(row: OutcomeRow) -> tuple[str, ...]:
+    """One row of the outcomes table, in `OUTCOME_COLUMNS` order ("-": none)."""
+
+    def fmt(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    return (
+        row.outcome,
+        str(row.trajectories),
+        fmt(row.mean_turns),
+        fmt(row.verifier_reward),
+        str(row.trained),
+        fmt(row.trained_reward),
+        fmt(row.mean_s),
+    )
 
 
 def _version_list(versions: list[int]) -> str:

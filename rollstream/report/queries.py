@@ -24,8 +24,9 @@ from typing import Any
 
 from sqlalchemy import Connection, case, func, select, text
 
-from streams.store.models import SandboxLifecycle, TrainerStepRow, Trajectory
+from streams.store.models import EventRow, SandboxLifecycle, TrainerStepRow, Trajectory
 
+E = EventRow.__table__
 T = Trajectory.__table__
 S = SandboxLifecycle.__table__
 STEPS = TrainerStepRow.__table__
@@ -66,6 +67,23 @@ class VersionRow:
 
 
 @dataclass(frozen=True)
+class OutcomeRow:
+    """The finished trajectories with one outcome: the verifier's reward and the one the trainer used.
+
+    They differ where a policy changed it: `policy.overlong="zero"` trains a truncated episode
+    as a failure (reward 0) whatever its tests scored, `"drop"` leaves it out; a member of a
+    dropped group (zero variance, stale, too few valid) is not trained on at all."""
+
+    outcome: str
+    trajectories: int
+    mean_turns: float | None
+    verifier_reward: float | None  # mean of `trajectories.reward` (None: infrastructure errors)
+    trained: int  # members of kept groups
+    trained_reward: float | None  # mean of their rewards in `group.formed` (None: none trained)
+    mean_s: float | None
+
+
+@dataclass(frozen=True)
 class TimeRow:
     """Summed seconds of the finished trajectories with one outcome."""
 
@@ -95,6 +113,7 @@ class RunRows:
     versions: list[VersionRow]
     turns: list[tuple[int, int]]  # (turns, trajectories)
     outcomes: list[tuple[str, int]]  # (outcome, trajectories)
+    rewards: list[OutcomeRow]
     times: list[TimeRow]
     spans_ns: list[tuple[int, int]]  # (started_ns, finished_ns) per finished trajectory
     steps: list[StepRow]
@@ -147,6 +166,50 @@ def outcome_counts(conn: Connection, run_id: str) -> list[tuple[str, int]]:
         select(T.c.outcome, func.count()).where(_finished(run_id)).group_by(T.c.outcome).order_by(T.c.outcome)
     )
     return [(str(outcome), int(n)) for outcome, n in conn.execute(stmt)]
+
+
+def trained_rewards(conn: Connection, run_id: str) -> dict[str, float]:
+    """Trajectory id -> the reward the trainer used: its entry in a kept `group.formed` (the
+    group's copies from several stream workers are the same group)."""
+    stmt = select(E.c.data).where((E.c.run_id == run_id) & (E.c.type == "group.formed"))
+    out: dict[str, float] = {}
+    for (data,) in conn.execute(stmt):
+        group = json.loads(data) if isinstance(data, str) else data
+        if group.get("dropped") is None:
+            out.update(zip(group["members"], map(float, group["rewards"]), strict=True))
+    return out
+
+
+def outcome_rewards(conn: Connection, run_id: str) -> list[OutcomeRow]:
+    """Per outcome: count, mean turns, the verifier's mean reward and the trainer's, mean seconds."""
+    trained = trained_rewards(conn, run_id)
+    stmt = (
+        select(T.c.trajectory_id, T.c.outcome, T.c.turns, T.c.reward, T.c.total_s)
+        .where(_finished(run_id))
+        .order_by(T.c.outcome, T.c.trajectory_id)
+    )
+    by_outcome: dict[str, list[Any]] = {}
+    for row in conn.execute(stmt):
+        by_outcome.setdefault(str(row.outcome), []).append(row)
+    return [_outcome_row(outcome, rows, trained) for outcome, rows in by_outcome.items()]
+
+
+def _outcome_row(outcome: str, rows: list[Any], trained: dict[str, float]) -> OutcomeRow:
+    used = [trained[r.trajectory_id] for r in rows if r.trajectory_id in trained]
+    return OutcomeRow(
+        outcome=outcome,
+        trajectories=len(rows),
+        mean_turns=_mean([r.turns for r in rows]),
+        verifier_reward=_mean([r.reward for r in rows]),
+        trained=len(used),
+        trained_reward=_mean(used),
+        mean_s=_mean([r.total_s for r in rows]),
+    )
+
+
+def _mean(values: list[Any]) -> float | None:
+    known = [float(v) for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def time_rows(conn: Connection, run_id: str) -> list[TimeRow]:
@@ -208,6 +271,7 @@ def run_rows(conn: Connection, run_id: str) -> RunRows:
         versions=version_rows(conn, run_id),
         turns=turn_counts(conn, run_id),
         outcomes=outcome_counts(conn, run_id),
+        rewards=outcome_rewards(conn, run_id),
         times=time_rows(conn, run_id),
         spans_ns=spans(conn, run_id),
         steps=step_rows(conn, run_id),
