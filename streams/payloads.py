@@ -216,10 +216,24 @@ class WeightsPublished(Payload):
 
 
 class StepTimes(BaseModel):
-    """Seconds of one trainer step, by phase."""
+    """Seconds of one trainer step, by phase, and what its wait was for (`trainer.waits`; the
+    rest of `wait_s` is reading and judging records). Records without the split (0, 0, None)
+    were written before the trainer recorded it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     wait_s: float = Field(default=0.0, ge=0, description="waiting for groups and their trajectories")
+    wait_groups_s: float = Field(
+        default=0.0, ge=0, description="of wait_s: no next group yet (its rollouts running, or not requested)"
+    )
+    wait_trajectories_s: float = Field(
+        default=0.0, ge=0, description="of wait_s: a group formed, its member trajectories not read yet"
+    )
+    wait_cpu_busy: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="share of the machine's CPU busy during wait_s; None: not recorded",
+    )
     logprob_s: float = Field(default=0.0, ge=0, description="trainer logprobs under the behaviour weights")
     update_s: float = Field(default=0.0, ge=0, description="forward/backward and optimiser step")
     publish_s: float = Field(default=0.0, ge=0, description="writing, hashing and announcing the version")

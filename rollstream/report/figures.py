@@ -29,6 +29,7 @@ from rollstream.report.queries import (
 )
 from rollstream.report.settings import ReportSettings
 from streams.tail import finished_mark, tail_share
+from trainer.waits import mean_in_flight, summarise_waits, wait_reason
 
 NS = 1e9
 PART_LABELS = {
@@ -39,7 +40,14 @@ PART_LABELS = {
     "tests_s": "tests",
     "queue_s": "queue (caps)",
 }
-STEP_PARTS = {"wait_s": "wait", "logprob_s": "logprob", "update_s": "update", "publish_s": "publish"}
+STEP_PARTS = {
+    "wait_groups_s": "wait: no group formed yet",
+    "wait_trajectories_s": "wait: trajectories not read",
+    "wait_other_s": "wait: reading, judging",  # wait_s less the two (all of it in old records)
+    "logprob_s": "logprob",
+    "update_s": "update",
+    "publish_s": "publish",
+}
 FAMILY_ORDER = ("resolved", "unresolved", "truncated", "infra_error")
 
 
@@ -177,13 +185,24 @@ def trajectory_time(times: list[TimeRow]) -> Figure:
     )
 
 
-def step_time(steps: list[StepRow], settings: ReportSettings) -> Figure:
+def step_time(steps: list[StepRow], spans_ns: list[tuple[int, int]], settings: ReportSettings) -> Figure:
+    """The steps' time split, the wait split by what it was for, and a sentence naming what binds
+    (`trainer.waits.wait_reason`, with the rollouts in flight during the waits)."""
     shown = steps[-settings.max_step_bars :]
+    parts = [_step_parts(s.times) for s in shown]
     x = list(map(float, range(len(shown))))
-    series = [Series(label, x, [s.times.get(name, 0.0) for s in shown]) for name, label in STEP_PARTS.items()]
-    totals = {label: sum(s.y) for label, s in zip(STEP_PARTS.values(), series, strict=True)}
-    grand = sum(totals.values())
-    timed = sum(1 for s in shown if sum(s.times.get(name, 0.0) for name in STEP_PARTS) > 0)
+    series = [Series(label, x, [p[name] for p in parts]) for name, label in STEP_PARTS.items()]
+    grand = sum(sum(p.values()) for p in parts)
+    waits = summarise_waits(
+        [s.times for s in shown], mean_in_flight(spans_ns, [_wait_window(s) for s in shown])
+    )
+    notes = []
+    if grand > 0:
+        shares = {
+            "wait": waits.wait_s,
+            **{STEP_PARTS[k]: sum(p[k] for p in parts) for k in STEP_PARTS if not k.startswith("wait")},
+        }
+        notes = [", ".join(f"{k} {v / grand:.0%}" for k, v in shares.items()), wait_reason(waits)]
     return Figure(
         key="step_time",
         title="Trainer step time breakdown",
@@ -192,10 +211,24 @@ def step_time(steps: list[StepRow], settings: ReportSettings) -> Figure:
         ylabel="seconds",
         categories=[str(s.step) for s in shown],
         series=series,
-        points=timed,
+        points=sum(1 for p in parts if sum(p.values()) > 0),
         empty_reason="no trainer steps in this run (an eval-only run has none)",
-        notes=[", ".join(f"{k} {v / grand:.0%}" for k, v in totals.items())] if grand > 0 else [],
+        notes=notes,
     )
+
+
+def _step_parts(times: dict[str, float]) -> dict[str, float]:
+    split = {k: times.get(k, 0.0) for k in STEP_PARTS}
+    split["wait_other_s"] = max(
+        times.get("wait_s", 0.0) - split["wait_groups_s"] - split["wait_trajectories_s"], 0.0
+    )
+    return split
+
+
+def _wait_window(step: StepRow) -> tuple[int, int]:
+    """When the trainer waited before `step` (ns): from the step's start, for its wait_s."""
+    start = step.time_ns - int(step.times.get("total_s", 0.0) * NS)
+    return start, start + int(step.times.get("wait_s", 0.0) * NS)
 
 
 def long_tail(spans_ns: list[tuple[int, int]], settings: ReportSettings) -> Figure:
@@ -301,7 +334,7 @@ def figures(rows: RunRows, settings: ReportSettings) -> list[Figure]:
         turns_histogram(rows.turns, settings),
         long_tail(rows.spans_ns, settings),
         trajectory_time(rows.times),
-        step_time(rows.steps, settings),
+        step_time(rows.steps, rows.spans_ns, settings),
         stability(rows.steps),
         infra_errors(rows.outcomes),
         cap_waits(rows.cap_waits_s, settings),

@@ -103,6 +103,7 @@ class StepRow:
     ess: float
     ess_seq: float
     times: dict[str, float]
+    time_ns: int = 0  # when the step was written (after it published)
 
 
 @dataclass(frozen=True)
@@ -245,13 +246,14 @@ def step_rows(conn: Connection, run_id: str) -> list[StepRow]:
             STEPS.c.ess,
             STEPS.c.ess_seq,
             STEPS.c.times,
+            STEPS.c.time_ns,
         )
         .where(STEPS.c.run_id == run_id)
         .order_by(STEPS.c.step)
     )
     return [
-        StepRow(int(step), int(version), float(diff), float(ess), float(ess_seq), _float_map(times))
-        for step, version, diff, ess, ess_seq, times in conn.execute(stmt)
+        StepRow(int(step), int(version), float(diff), float(ess), float(ess_seq), _float_map(times), int(at))
+        for step, version, diff, ess, ess_seq, times, at in conn.execute(stmt)
     ]
 
 
@@ -295,4 +297,4 @@ def _float_map(value: Any) -> dict[str, float]:
     """A JSON object column (dict on both backends; text if a driver hands it over undecoded)."""
     if isinstance(value, str):
         value = json.loads(value)
-    return {str(k): float(v) for k, v in (value or {}).items()}
+    return {str(k): float(v) for k, v in (value or {}).items() if v is not None}  # None: not recorded

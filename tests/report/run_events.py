@@ -140,6 +140,9 @@ def _step(rng: random.Random, run_id: str, version: int, time_ns: int) -> Event:
         reward_mean=rng.random(),
         times=StepTimes(
             wait_s=wait,
+            wait_groups_s=0.8 * wait,
+            wait_trajectories_s=0.1 * wait,
+            wait_cpu_busy=0.95,
             logprob_s=logprob,
             update_s=update,
             publish_s=publish,
