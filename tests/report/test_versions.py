@@ -21,7 +21,7 @@ from agents.chat import ChatFormat
 from agents.episode import Episode, EpisodeServices, EpisodeSpec
 from agents.scripted import ScriptedPolicy
 from agents.settings import AgentSettings
-from rollstream.report.build import load_rows
+from rollstream.report.build import ReportError, load_rows
 from rollstream.report.figures import figures, summary
 from rollstream.report.settings import ReportSettings
 from sandboxes.base import Sandbox
@@ -157,6 +157,8 @@ def test_a_store_written_before_the_fix_is_migrated(db_url: str, run_events: lis
         write_batch(conn, stored, ends(stored), "sink")
         conn.execute(text("UPDATE trajectories SET start_policy_version = 0"))
         conn.execute(text("UPDATE trajectories SET end_policy_version = 0 WHERE turns = 0"))
+    with pytest.raises(ReportError, match="schema revision 0003, not 0004: run `rollstream db upgrade"):
+        load_rows(db_url, RUN)  # not a report of the made-up zeros
     upgrade(engine)
     check_report(db_url)
     with engine.connect() as conn:
