@@ -117,19 +117,17 @@ def _steps(view: RunView, shown: int) -> Table:
 
 
 def _waited(times: dict[str, float | None]) -> str:
-    """A step's wait and what for: groups (g) not formed, trajectories (t) not read; CPU busy."""
+    """A step's wait and what for: no group formed yet, a group's trajectories not read; the CPU."""
     wait = float(times.get("wait_s") or 0.0)
-    parts = [f"{wait:.1f}s"]
     groups, trajectories = (
         float(times.get("wait_groups_s") or 0.0),
         float(times.get("wait_trajectories_s") or 0.0),
     )
-    if groups or trajectories:
-        parts.append(f"g {groups:.1f} t {trajectories:.1f}")
+    parts = [f"groups {groups:.1f}", f"traj {trajectories:.1f}"] if groups or trajectories else []
     busy = times.get("wait_cpu_busy")
     if busy is not None:
         parts.append(f"cpu {busy:.0%}")
-    return " ".join(parts)
+    return f"{wait:.1f}s" + (f": {', '.join(parts)}" if parts else "")
 
 
 def _engines(view: RunView) -> Table:

@@ -151,7 +151,7 @@ def test_the_screen_says_what_the_trainer_waited_for() -> None:
         text = console.export_text()
         assert "the trainer waited 60% of its step time, mostly for groups not formed yet" in text
         assert says in text, text
-        assert f"6.0s g 5.5 t 0.2 cpu {cpu:.0%}" in text
+        assert f"6.0s: groups 5.5, traj 0.2, cpu {cpu:.0%}" in text
 
 
 def test_the_binding_cap_follows_where_the_waiting_is() -> None:
