@@ -130,6 +130,16 @@ def _waited(times: dict[str, float | None]) -> str:
     return f"{wait:.1f}s" + (f": {', '.join(parts)}" if parts else "")
 
 
+def _trainer_line(view: RunView, shown: int) -> str:
+    """What binds the trainer; before its first step, whether it has anything to train on."""
+    if not view.steps:
+        dropped = ", ".join(f"{n} {reason}" for reason, n in sorted(view.dropped().items()))
+        return f"[bold]trainer[/]: no step yet; groups kept {view.kept}" + (
+            f", dropped {dropped}" if dropped else ""
+        )
+    return f"[bold]trainer[/] (last {shown} steps): {wait_reason(view.trainer_waits(shown))}"
+
+
 def _engines(view: RunView) -> Table:
     table = Table(title="engines", title_justify="left")
     for column in ("engine", "weight version", "running", "queued"):
@@ -177,7 +187,7 @@ def render_run(
         f"[bold]run {view.run_id or '(every run)'}[/] · {view.events} events",
         _side_by_side(_trajectories(view), _outcomes(view), _groups(view)),
         _steps(view, steps_shown),
-        f"[bold]trainer[/] (last {steps_shown} steps): {wait_reason(view.trainer_waits(steps_shown))}",
+        _trainer_line(view, steps_shown),
         _side_by_side(_engines(view), _caps(view)),
     ]
     if processes:

@@ -131,8 +131,17 @@ def test_the_fold_counts_a_run_once_whatever_is_read_twice_or_belongs_elsewhere(
 
 
 def test_the_screen_says_what_the_trainer_waited_for() -> None:
-    """Steps that waited 60% of their time for groups while all 4 slots ran rollouts: the slots bind;
-    the same waits with the machine's CPU 95% busy: the CPU the rollouts share binds."""
+    """Before a step: what there is to train on. Steps that waited 60% of their time for groups while
+    all 4 slots ran rollouts: the slots bind; the same waits with the machine's CPU 95% busy: the
+    CPU the rollouts share binds."""
+    before = RunView(RUN, slots=4)
+    for event in run_events():
+        if not isinstance(event.data, TrainerStep):
+            before.apply(event)
+    console = Console(width=400, record=True)
+    console.print(render_run(before))
+    assert "trainer: no step yet; groups kept 1, dropped 1 zero_variance" in console.export_text()
+
     started = TrajectoryStarted(attempt=0, group_size=4, limits=Limits())
     running = [_event(started, 0, tid=f"t{i}") for i in range(4)]  # never finish here
     for cpu, says in (
