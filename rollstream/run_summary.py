@@ -15,7 +15,7 @@ from rollstream.commands.common import console
 from rollstream.commands.tail import figure_rows, figures_table
 from rollstream.config import Config
 from rollstream.report.build import write_run_report
-from rollstream.report.figures import OUTCOME_COLUMNS, outcome_cells
+from rollstream.report.figures import OUTCOME_CAPTION, OUTCOME_COLUMNS, outcome_cells
 from rollstream.report.queries import outcome_rewards
 from streams.events import Event
 from streams.replay import RecordedRun, by_trajectory, fold_episodes, load_from_topics
@@ -73,14 +73,17 @@ def sandbox_figures(events: list[Event]) -> dict[str, str]:
 def sql_summary(url: str, run_id: str) -> Table:
     """The outcomes table from the store: the verifier's mean reward beside the trainer's (they differ
     where a policy changed it, e.g. `policy.overlong="zero"` trains a truncated episode as 0)."""
-    table = Table(title=f"from the SQL store ({url})")
-    for column in OUTCOME_COLUMNS:
-        table.add_column(column, justify="right" if column != "outcome" else "left")
+    table = Table(title=f"from the SQL store ({url})", caption=OUTCOME_CAPTION)
     engine = open_readonly(url)
     try:
         with engine.connect() as connection:
-            for row in outcome_rewards(connection, run_id):
-                table.add_row(*outcome_cells(row))
+            rows = outcome_rewards(connection, run_id)
     finally:
         engine.dispose()
+    widest = max((len(row.outcome) for row in rows), default=7)
+    table.add_column(OUTCOME_COLUMNS[0], no_wrap=True, min_width=widest)  # outcomes whole, numbers squeeze
+    for column in OUTCOME_COLUMNS[1:]:
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(*outcome_cells(row))
     return table

@@ -363,12 +363,15 @@ def summary(rows: RunRows, settings: ReportSettings) -> dict[str, str]:
 
 OUTCOME_COLUMNS = (
     "outcome",
-    "trajectories",
-    "mean turns",
-    "mean reward (verifier)",
+    "n",
+    "turns",
+    "verifier reward",
     "trained on",
-    "mean reward (trainer)",
-    "mean seconds",
+    "trainer reward",
+    "seconds",
+)
+OUTCOME_CAPTION = (
+    "by outcome: means of turns, rewards and seconds; the trainer's reward over those it trained on"
 )
 
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import html
 from collections.abc import Mapping, Sequence
 
-from rollstream.report.figures import Figure
+from rollstream.report.figures import OUTCOME_CAPTION, Figure
 
 STYLE = """body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}
 td,th{padding:2px 12px;border-bottom:1px solid #ddd}th{text-align:left}
 table.outcomes{margin-top:1em}table.outcomes td+td{text-align:right}figure{margin:1.5em 0}
+caption{text-align:left;font-size:0.9em;color:#555}
 img{max-width:100%;border:1px solid #eee}figcaption{font-size:0.9em;color:#555}
 .nodata figcaption{color:#a00}code{background:#f4f4f4;padding:0 4px}"""
 
@@ -37,10 +38,12 @@ def table_html(rows: Mapping[str, str]) -> str:
     return f'<table class="summary">{body}</table>'
 
 
-def grid_html(columns: Sequence[str], rows: Sequence[Sequence[str]], css_class: str) -> str:
+def grid_html(columns: Sequence[str], rows: Sequence[Sequence[str]], css_class: str, caption: str) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in rows)
-    return f'<table class="{css_class}"><tr>{head}</tr>{body}</table>'
+    return (
+        f'<table class="{css_class}"><caption>{html.escape(caption)}</caption><tr>{head}</tr>{body}</table>'
+    )
 
 
 def page_html(
@@ -55,7 +58,7 @@ def page_html(
     run = html.escape(run_id)
     body = "\n".join(figure_html(figure, src) for figure, src in figures)
     columns, rows = outcomes
-    outcome_table = grid_html(columns, rows, "outcomes") if rows else ""
+    outcome_table = grid_html(columns, rows, "outcomes", OUTCOME_CAPTION) if rows else ""
     return f"""<!doctype html><html><head><meta charset="utf-8">
 <title>Rollstream run {run}</title><style>{STYLE}</style></head><body>
 <h1>Run {run}</h1>

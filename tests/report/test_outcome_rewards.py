@@ -64,7 +64,7 @@ def test_truncated_episodes_show_the_reward_they_trained_with(db_url: str, tmp_p
     console = Console(width=200, record=True)
     console.print(sql_summary(db_url, RUN))
     text = console.export_text()
-    assert "mean reward (verifier)" in text and "mean reward (trainer)" in text
+    assert "verifier reward" in text and "trainer reward" in text
     line = next(line for line in text.splitlines() if "truncated:turns" in line)
     assert [cell.strip() for cell in line.split("│")[1:-1]][:6] == [
         "truncated:turns",
@@ -76,4 +76,4 @@ def test_truncated_episodes_show_the_reward_they_trained_with(db_url: str, tmp_p
     ]
 
     page = write_run_report(db_url, RUN, tmp_path / "report").page.read_text()
-    assert "<th>mean reward (trainer)</th>" in page and "<td>truncated:turns</td>" in page
+    assert "<th>trainer reward</th>" in page and "<td>truncated:turns</td>" in page
