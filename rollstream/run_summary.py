@@ -15,8 +15,8 @@ from rollstream.commands.common import console
 from rollstream.commands.tail import figure_rows, figures_table
 from rollstream.config import Config
 from rollstream.report.build import write_run_report
-from rollstream.report.figures import OUTCOME_CAPTION, OUTCOME_COLUMNS, outcome_cells
 from rollstream.report.queries import outcome_rewards
+from rollstream.report.tables import OUTCOME_CAPTION, OUTCOME_COLUMNS, outcome_cells
 from streams.events import Event
 from streams.replay import RecordedRun, by_trajectory, fold_episodes, load_from_topics
 from streams.store import open_readonly

@@ -37,6 +37,13 @@ from pathlib import Path
 import torch
 
 from agents.engine.batch import DecodeBatch, Decoder, EngineResult, RunningRequest, request_sampling
+from agents.engine.errors import (
+    ContextLengthError,
+    EngineFailure,
+    EngineRefusal,
+    EngineStopping,
+    QueueFullError,
+)
 from agents.engine.prefill import Prefilled, prefill_step
 from agents.engine.prefix_cache import PrefixCache
 from agents.engine.protocol import FinishReason, SamplingParams
@@ -46,29 +53,6 @@ from trainer.checkpoint import load_model, weight_version
 from trainer.model import KVCache, PolicyModel
 
 logger = logging.getLogger(__name__)
-
-
-class EngineRefusal(ValueError):
-    """A request the engine will not run; the message says why and what to do."""
-
-
-class ContextLengthError(EngineRefusal):
-    pass
-
-
-class QueueFullError(EngineRefusal):
-    pass
-
-
-class EngineFailure(RuntimeError):
-    """A scheduler step failed (a bug, out of memory): the requests in it fail with this error,
-    queued requests stay queued and the engine keeps serving."""
-
-
-class EngineStopping(RuntimeError):
-    """The engine is stopping: a request it had not finished, or one sent meanwhile, was not run to
-    its end. Not an abort the client asked for: the server answers 503, which a client retries (on
-    another engine, or on this one once restarted)."""
 
 
 @dataclass(frozen=True)

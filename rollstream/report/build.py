@@ -14,11 +14,12 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from rollstream.report.figures import OUTCOME_COLUMNS, Figure, figures, outcome_cells, summary
+from rollstream.report.figures import Figure, figures
 from rollstream.report.page import page_html
 from rollstream.report.plots import plot
 from rollstream.report.queries import RunRows, run_ids, run_rows
 from rollstream.report.settings import ReportSettings
+from rollstream.report.tables import OUTCOME_COLUMNS, outcome_cells, summary
 from streams.store import open_readonly
 from streams.store.migrate import current_revision, head_revision
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import html
 from collections.abc import Mapping, Sequence
 
-from rollstream.report.figures import OUTCOME_CAPTION, Figure
+from rollstream.report.figures import Figure
+from rollstream.report.tables import OUTCOME_CAPTION
 
 STYLE = """body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}
 td,th{padding:2px 12px;border-bottom:1px solid #ddd}th{text-align:left}

@@ -22,8 +22,9 @@ from agents.episode import Episode, EpisodeServices, EpisodeSpec
 from agents.scripted import ScriptedPolicy
 from agents.settings import AgentSettings
 from rollstream.report.build import ReportError, load_rows
-from rollstream.report.figures import figures, summary
+from rollstream.report.figures import figures
 from rollstream.report.settings import ReportSettings
+from rollstream.report.tables import summary
 from sandboxes.base import Sandbox
 from sandboxes.simulated import SimulatedLatency, SimulatedSandboxFactory
 from sandboxes.tasks import Verdict
