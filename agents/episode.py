@@ -168,7 +168,7 @@ class Episode:
         self.services = services
         self.sink = sink
         self.seq = 0
-        self.version = 0
+        self.version: int | None = None  # the engine's, once a generation reported it (events carry it)
         self.aborted: str | None = None
         self.counters = _Counters()
         self._task: asyncio.Task[TrajectoryFinished] | None = None
@@ -365,7 +365,7 @@ class Episode:
         c.generated += len(generation.output_ids)
         observation = self.conversation.take_pending_observation()
         self.conversation.add_output(generation.output_ids)
-        self.version = max(self.version, generation.weight_version)
+        self.version = generation.weight_version
         await self._emit(
             TurnGenerated(
                 turn=turn,

@@ -18,7 +18,8 @@ Zero-variance groups are kept and staleness is unlimited (the base model resolve
 little, and the check is that every kept group is trained once, not that it learns).
 After the trainer's last step no more groups are requested; the run waits for every
 requested trajectory to finish and the sink to catch up, stops everything, and counts
-from the topics and from SQL (`bench.chaos_counts`, `bench.chaos_sources`).
+from the topics and from SQL (`bench.chaos_counts`, `bench.chaos_sources`). The cluster is
+stopped at the end when this run started it (`rollstream.launcher.kafka.running`).
 
 Last line: `{"requested", "finished", "lost", "duplicated", "infra_injected",
 "infra_recorded", "infra_errors_scored", "groups_trained_twice", "groups_skipped", "ratio",
@@ -130,9 +131,11 @@ def command(
     config_args = [*(["--config", str(config)] if config else []), *[a for o in extra for a in ("--set", o)]]
     began = time.monotonic()
     try:
-        console.print(f"starting the {BROKERS}-broker cluster on {cfg.kafka.bootstrap}")
-        kafka_launcher.ensure_up(cfg, BROKERS)
-        figures = _run(cfg, prepare(cfg), config_args, name)
+        console.print(
+            f"the {BROKERS}-broker cluster on {cfg.kafka.bootstrap} (stopped at the end if started here)"
+        )
+        with kafka_launcher.running(cfg, BROKERS):  # a benchmark stops what it started
+            figures = _run(cfg, prepare(cfg), config_args, name)
     except (LauncherError, ProcessExitedError, TimeoutError) as error:
         fail(str(error))
     figures["wall_s"] = round(time.monotonic() - began, 1)

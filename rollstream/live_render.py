@@ -2,8 +2,9 @@
 
 `render_run(view, processes, steps_shown=5)` is the whole screen: trajectories (requested,
 queued, in flight, finished), outcomes, groups kept and dropped by reason, the latest
-trainer steps, the weight version each engine serves, the cap waits with the one that
-binds, and the supervisor's process table. `process_table(statuses)` alone is what
+trainer steps with what the trainer waited for (a sentence that names what binds), the
+weight version each engine serves, the cap waits with the one that binds, and the
+supervisor's process table. `process_table(statuses)` alone is what
 `rollstream up` shows without a run. Both are pure functions of their inputs;
 `show_live` is the loop that draws them while a `RunFollower` reads the run.
 """
@@ -20,6 +21,7 @@ from rich.table import Table
 
 from rollstream.live_view import CAPS, RunFollower, RunView
 from rollstream.supervisor import ProcessStatus, State, Supervisor
+from trainer.waits import wait_reason
 
 _STATE_STYLE = {
     State.RUNNING: "green",
@@ -96,7 +98,8 @@ def _steps(view: RunView, shown: int) -> Table:
         title=f"trainer steps ({len(view.steps)}; versions published {len(view.versions)})",
         title_justify="left",
     )
-    for column in ("step", "version", "reward mean", "grad norm", "|Δlogprob|", "ESS", "groups", "time"):
+    columns = ("step", "version", "reward mean", "grad norm", "|Δlogprob|", "ESS", "groups", "time", "waited")
+    for column in columns:
         table.add_column(column, justify="right")
     for row in view.recent_steps(shown):
         table.add_row(
@@ -108,8 +111,33 @@ def _steps(view: RunView, shown: int) -> Table:
             f"{row.ess:.3f}",
             str(row.groups),
             f"{row.total_s:.1f}s",
+            _waited(row.times),
         )
     return table
+
+
+def _waited(times: dict[str, float | None]) -> str:
+    """A step's wait and what for: no group formed yet, a group's trajectories not read; the CPU."""
+    wait = float(times.get("wait_s") or 0.0)
+    groups, trajectories = (
+        float(times.get("wait_groups_s") or 0.0),
+        float(times.get("wait_trajectories_s") or 0.0),
+    )
+    parts = [f"groups {groups:.1f}", f"traj {trajectories:.1f}"] if groups or trajectories else []
+    busy = times.get("wait_cpu_busy")
+    if busy is not None:
+        parts.append(f"cpu {busy:.0%}")
+    return f"{wait:.1f}s" + (f": {', '.join(parts)}" if parts else "")
+
+
+def _trainer_line(view: RunView, shown: int) -> str:
+    """What binds the trainer; before its first step, whether it has anything to train on."""
+    if not view.steps:
+        dropped = ", ".join(f"{n} {reason}" for reason, n in sorted(view.dropped().items()))
+        return f"[bold]trainer[/]: no step yet; groups kept {view.kept}" + (
+            f", dropped {dropped}" if dropped else ""
+        )
+    return f"[bold]trainer[/] (last {shown} steps): {wait_reason(view.trainer_waits(shown))}"
 
 
 def _engines(view: RunView) -> Table:
@@ -159,6 +187,7 @@ def render_run(
         f"[bold]run {view.run_id or '(every run)'}[/] · {view.events} events",
         _side_by_side(_trajectories(view), _outcomes(view), _groups(view)),
         _steps(view, steps_shown),
+        _trainer_line(view, steps_shown),
         _side_by_side(_engines(view), _caps(view)),
     ]
     if processes:

@@ -9,7 +9,8 @@
 The fold keeps, for one run (or every run with `run_id=None`): requests, trajectories
 started and finished (by id, so a re-read event counts once), outcomes, groups kept
 and dropped by reason, trainer steps (reward mean, grad norm, logprob difference,
-ESS), published weight versions, and the waits that say which concurrency cap binds:
+ESS, what the trainer waited for: `trainer_waits`), published weight versions, and the
+waits that say which concurrency cap binds:
 a request waiting for a rollout slot (`rollout.requested` to `trajectory.started`),
 a sandbox request waiting on each pool cap (`sandbox.ready` `cap_waits`: running,
 starting, start_rate, image_pulls; a queue wait without them counts as `sandbox pool`),
@@ -45,6 +46,7 @@ from streams.payloads import (
 )
 from streams.settings import KafkaSettings, TopicSettings
 from streams.topics import partitions, topic_name
+from trainer.waits import WaitSummary, mean_in_flight, summarise_waits
 
 log = logging.getLogger(__name__)
 FOLLOWED_TOPICS = ("rollout.requests", "rollout.events", "groups", "trainer.steps", "weights.history")
@@ -63,6 +65,13 @@ class StepRow:
     groups: int
     trajectories: int
     total_s: float
+    times: dict[str, float | None] = field(default_factory=dict)  # the step's StepTimes
+    time_ns: int = 0  # when the step was written (after it published)
+
+    def wait_window(self) -> tuple[int, int]:
+        """When the trainer waited before this step (ns): the start of the step, for wait_s."""
+        start = self.time_ns - int(self.total_s * 1e9)
+        return start, start + int(float(self.times.get("wait_s") or 0.0) * 1e9)
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,7 @@ class RunView:
     requested: dict[str, int] = field(default_factory=dict)  # trajectory id -> request time (ns)
     started: dict[str, int] = field(default_factory=dict)  # trajectory id -> start time (ns)
     finished: dict[str, str] = field(default_factory=dict)  # trajectory id -> outcome
+    finished_ns: dict[str, int] = field(default_factory=dict)  # trajectory id -> finish time (ns)
     groups: dict[str, str | None] = field(default_factory=dict)  # group id -> drop reason (None: kept)
     steps: dict[int, StepRow] = field(default_factory=dict)
     versions: dict[int, int] = field(default_factory=dict)  # published version -> step
@@ -114,6 +124,7 @@ class RunView:
             self._slot_wait(tid)
         elif isinstance(data, TrajectoryFinished) and tid:
             self.finished[tid] = str(data.outcome)
+            self.finished_ns.setdefault(tid, event.time_ns)
         elif isinstance(data, SandboxReady) and data.cap_waits:
             for cap, seconds in data.cap_waits.items():
                 self._wait(f"sandbox {cap}" if f"sandbox {cap}" in self.waits else "sandbox pool", seconds)
@@ -134,6 +145,8 @@ class RunView:
                 data.groups,
                 data.trajectories,
                 data.times.total_s,
+                data.times.model_dump(),
+                event.time_ns,
             )
         elif isinstance(data, WeightsPublished):
             self.versions[data.version] = data.step
@@ -180,6 +193,13 @@ class RunView:
 
     def slots_full(self) -> bool:
         return self.slots > 0 and self.in_flight >= self.slots
+
+    def trainer_waits(self, last: int) -> WaitSummary:
+        """The last `last` trainer steps' waits, with the rollouts in flight while they waited."""
+        steps = self.recent_steps(last)
+        spans = [(start, self.finished_ns.get(tid)) for tid, start in self.started.items()]
+        in_flight = mean_in_flight(spans, [step.wait_window() for step in steps])
+        return summarise_waits([step.times for step in steps], in_flight, self.slots or None)
 
 
 # ---- the follower ----

@@ -10,20 +10,17 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from rich.table import Table
-from sqlalchemy import create_engine, text
 
 from rollstream.commands.common import console
 from rollstream.commands.tail import figure_rows, figures_table
 from rollstream.config import Config
 from rollstream.report.build import write_run_report
+from rollstream.report.queries import outcome_rewards
+from rollstream.report.tables import OUTCOME_CAPTION, OUTCOME_COLUMNS, outcome_cells
 from streams.events import Event
 from streams.replay import RecordedRun, by_trajectory, fold_episodes, load_from_topics
+from streams.store import open_readonly
 from streams.tail import tail_figures
-
-OUTCOME_SQL = text(
-    "SELECT outcome, count(*) AS trajectories, avg(turns) AS mean_turns, avg(reward) AS mean_reward, "
-    "avg(total_s) AS mean_seconds FROM trajectories WHERE run_id = :run GROUP BY outcome ORDER BY outcome"
-)
 
 
 def summarise_run(cfg: Config, run_id: str, out: Path) -> Path:
@@ -74,18 +71,19 @@ def sandbox_figures(events: list[Event]) -> dict[str, str]:
 
 
 def sql_summary(url: str, run_id: str) -> Table:
-    table = Table(title=f"from the SQL store ({url})")
-    for column in ("outcome", "trajectories", "mean turns", "mean reward", "mean seconds"):
-        table.add_column(column, justify="right" if column != "outcome" else "left")
-    engine = create_engine(url)
+    """The outcomes table from the store: the verifier's mean reward beside the trainer's (they differ
+    where a policy changed it, e.g. `policy.overlong="zero"` trains a truncated episode as 0)."""
+    table = Table(title=f"from the SQL store ({url})", caption=OUTCOME_CAPTION)
+    engine = open_readonly(url)
     try:
         with engine.connect() as connection:
-            for row in connection.execute(OUTCOME_SQL, {"run": run_id}):
-                table.add_row(str(row[0]), str(row[1]), *(_fmt(v) for v in row[2:]))
+            rows = outcome_rewards(connection, run_id)
     finally:
         engine.dispose()
+    widest = max((len(row.outcome) for row in rows), default=7)
+    table.add_column(OUTCOME_COLUMNS[0], no_wrap=True, min_width=widest)  # outcomes whole, numbers squeeze
+    for column in OUTCOME_COLUMNS[1:]:
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(*outcome_cells(row))
     return table
-
-
-def _fmt(value: object) -> str:
-    return "-" if value is None else f"{float(value):.2f}"  # type: ignore[arg-type]

@@ -18,10 +18,13 @@ process group and restarted after an exponential backoff (`backoff_s` doubling u
 consecutive restarts the child is given up (state `failed`) and `check_alive` raises.
 Every restart is logged to the child's log and to `<log_dir>/supervisor.log`.
 
-`stop()` sends SIGTERM to each child alone (a rollout worker drains its episodes), waits
-up to `stop_timeout_s`, then SIGKILLs what is left and every process still in the
-children's groups. Children ignore the terminal's Ctrl-C (their own group): the caller
-handles SIGINT/SIGTERM and calls `stop()`. The API matches `rollstream.pipeline.Pipeline`
+`stop()` stops the children in reverse start order, each before the next is signalled:
+SIGTERM to the child alone (a rollout worker drains its episodes), up to `stop_timeout_s`
+for it to exit, then SIGKILL to what is left of its group. What started later may use
+what started earlier (a rollout worker, the engine it calls): a worker draining while its
+engine stopped recorded the engine's abort of its request as an infrastructure error.
+Children ignore the terminal's Ctrl-C (their own group): the caller handles SIGINT/SIGTERM
+and calls `stop()`. The API matches `rollstream.pipeline.Pipeline`
 (`start`, `check_alive`, `stop`, `processes`, `log_dir`), so callers switch by constructor.
 """
 
@@ -70,7 +73,9 @@ class SupervisorSettings(BaseModel):
     startup_grace_s: float = Field(
         default=180.0, gt=0, description="time from start to a process's first heartbeat (imports, model)"
     )
-    stop_timeout_s: float = Field(default=15.0, gt=0, description="SIGTERM to SIGKILL on stop")
+    stop_timeout_s: float = Field(
+        default=15.0, gt=0, description="SIGTERM to SIGKILL of each process on stop (one after another)"
+    )
 
 
 class ProcessExitedError(RuntimeError):
@@ -183,28 +188,29 @@ class Supervisor:
                     )
 
     def stop(self, timeout_s: float | None = None) -> None:
-        """Stop watching, SIGTERM every child, wait, then SIGKILL the rest and their groups."""
+        """Stop watching; then, latest started first, SIGTERM each child, wait for it (up to the
+        timeout, then SIGKILL) and SIGKILL what is left in its group."""
         self._stopping.set()
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join()
         timeout = self.settings.stop_timeout_s if timeout_s is None else timeout_s
         with self._lock:
-            children = list(self._children.values())
-            for child in children:
-                if child.popen.poll() is None:
-                    child.popen.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            for child in children:
-                try:
-                    child.popen.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    self._note(child.name, f"did not exit within {timeout:.0f} s of SIGTERM: SIGKILL")
-                    _killpg(child.popen.pid, signal.SIGKILL)
-                    child.popen.wait()
-                _killpg(child.popen.pid, signal.SIGKILL)  # whatever it left in its group
-                if child.state not in (State.FAILED, State.DONE):
-                    child.state = State.STOPPED
-                child.last_exit = child.popen.returncode
+            for child in reversed(self._children.values()):
+                self._stop_child(child, timeout)
+
+    def _stop_child(self, child: _Child, timeout: float) -> None:
+        if child.popen.poll() is None:
+            child.popen.send_signal(signal.SIGTERM)
+        try:
+            child.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._note(child.name, f"did not exit within {timeout:.0f} s of SIGTERM: SIGKILL")
+            _killpg(child.popen.pid, signal.SIGKILL)
+            child.popen.wait()
+        _killpg(child.popen.pid, signal.SIGKILL)  # whatever it left in its group
+        if child.state not in (State.FAILED, State.DONE):
+            child.state = State.STOPPED
+        child.last_exit = child.popen.returncode
 
     def __enter__(self) -> Supervisor:
         return self

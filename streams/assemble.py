@@ -93,8 +93,8 @@ class Trajectory:
     times: TimeBreakdown
     started_ns: int
     finished_ns: int
-    oldest_version: int
-    newest_version: int
+    oldest_version: int | None  # of its generated tokens; None when it generated none
+    newest_version: int | None
     turn_records: tuple[TurnRecord, ...] = field(default=())
 
     @property
@@ -342,7 +342,7 @@ def _build(events: list[Event]) -> Trajectory:
         times=times.breakdown(finished.times.agent_install_s, (end.time_ns - start.time_ns) / 1e9),
         started_ns=start.time_ns,
         finished_ns=end.time_ns,
-        oldest_version=min(turns.versions, default=start.policy_version),
-        newest_version=max(turns.versions, default=start.policy_version),
+        oldest_version=min(turns.versions, default=None),
+        newest_version=max(turns.versions, default=None),
         turn_records=tuple(turns.records),
     )

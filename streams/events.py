@@ -8,7 +8,10 @@ model is chosen by `type` (see `PAYLOADS`). Ids are deterministic UUIDv5 of
 same ids and consumers deduplicate by id.
 
 Each payload type has a `SCHEMA_VERSION`; records written under an older version
-are upcast on read (`UPCASTERS`) before validation. `encode_event`/`decode_event`
+are upcast on read before validation: `UPCASTERS` bring a payload to the next
+version, `ENVELOPE_UPCASTERS` the whole record where a version changed what an
+envelope field means (v1 rollout events: `policy_version`, see
+`_version_in_force_v1`). `encode_event`/`decode_event`
 are the only wire format; `DecodeError` says what was wrong so the consumer can
 dead-letter the record and go on.
 """
@@ -102,6 +105,35 @@ UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     ("trajectory.assembled", 1): _policy_v1,
 }
 
+# Rollout events by where a v1 writer put them in an episode: before its first model call, or after one.
+BEFORE_ANY_TURN = frozenset({"trajectory.started", "sandbox.requested", "sandbox.ready"})
+AFTER_A_TURN = frozenset({"turn.generated", "tool.executed"})
+
+
+def _version_in_force_v1(record: dict[str, Any]) -> dict[str, Any]:
+    """v1 rollout workers wrote `policy_version` 0 until an episode's first generation and then the
+    highest version any of its generations reported; v2 writes None until a generation says which
+    version is in force. Read as v2: None where the v1 record cannot have known the version (every
+    event before the first model call; `trajectory.finished` after none), the recorded value where a
+    generation had set it (`turn.generated`, `tool.executed`, a finish after turns), and for the
+    events that come either way (`tests.ran`, `sandbox.released`, `sandbox.failed`) a positive value
+    as recorded and 0 as None: a v1 0 there is the made-up start unless the engine served version 0,
+    which the record cannot tell (the turns' `output_versions` still can)."""
+    kind, version = record.get("type"), record.get("policy_version")
+    data = record.get("data")
+    if kind in AFTER_A_TURN or version is None:
+        return record
+    if kind == "trajectory.finished" and isinstance(data, dict) and data.get("turns"):
+        return record
+    if kind in BEFORE_ANY_TURN or kind == "trajectory.finished" or version == 0:
+        return {**record, "policy_version": None}
+    return record
+
+
+ENVELOPE_UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
+    (kind, 1): _version_in_force_v1 for kind in ROLLOUT_EVENT_TYPES
+}
+
 
 class DecodeError(ValueError):
     """A record that is not a valid event; `reason` is what the dead-letter record says."""
@@ -143,7 +175,9 @@ class Event(BaseModel):
     trajectory_id: str | None = None
     task_id: str | None = None
     seq: int = Field(ge=0)
-    policy_version: int = Field(default=0, ge=0)
+    policy_version: int | None = Field(
+        default=None, ge=0, description="the weight version in force; None where not known yet"
+    )
     time_ns: int = Field(ge=0)
     source: str
     causation_id: uuid.UUID | None = None
@@ -173,7 +207,7 @@ def make_event(
     group_id: str | None = None,
     trajectory_id: str | None = None,
     task_id: str | None = None,
-    policy_version: int = 0,
+    policy_version: int | None = None,
     causation_id: uuid.UUID | None = None,
     id_key: str | None = None,
 ) -> Event:
@@ -202,22 +236,29 @@ def encode_event(event: Event) -> bytes:
     return event.__pydantic_serializer__.to_json(event)
 
 
-def upcast(kind: str, version: int, data: dict[str, Any]) -> dict[str, Any]:
-    """`data` written under `version` brought to the current schema of `kind`."""
+def upcast_record(raw: dict[str, Any]) -> dict[str, Any]:
+    """A record (envelope and `data`) written under an older schema version of its type, brought to
+    the current one step by step: each step applies the envelope upcaster and then the payload
+    upcaster registered for it (at least one must be)."""
+    kind, version = raw["type"], raw["schema_version"]
     current = PAYLOADS[kind].SCHEMA_VERSION
     if version > current:
         raise DecodeError(f"{kind} schema_version {version} is newer than this reader ({current}); upgrade")
     while version < current:
-        step = UPCASTERS.get((kind, version))
-        if step is None:
+        envelope_step = ENVELOPE_UPCASTERS.get((kind, version))
+        data_step = UPCASTERS.get((kind, version))
+        if envelope_step is None and data_step is None:
             raise DecodeError(f"no upcaster for {kind} from schema_version {version}")
-        data = step(data)
+        if envelope_step is not None:
+            raw = envelope_step(raw)
+        if data_step is not None:
+            raw = {**raw, "data": data_step(raw["data"])}
         version += 1
-    return data
+    return {**raw, "schema_version": current}
 
 
 def event_from_dict(raw: Any) -> Event:
-    """Validate a decoded JSON object as an event, upcasting old payloads."""
+    """Validate a decoded JSON object as an event, upcasting old versions."""
     if not isinstance(raw, dict):
         raise DecodeError(f"expected a JSON object, got {type(raw).__name__}")
     kind = raw.get("type")
@@ -226,13 +267,12 @@ def event_from_dict(raw: Any) -> Event:
     version = raw.get("schema_version")
     if not isinstance(version, int):
         raise DecodeError(f"{kind}: schema_version must be an integer, got {version!r}")
-    data = raw.get("data")
-    if not isinstance(data, dict):
+    if not isinstance(raw.get("data"), dict):
         raise DecodeError(f"{kind}: data must be an object")
     try:
-        payload = PAYLOADS[kind].model_validate(upcast(kind, version, data))
-        fields = {k: v for k, v in raw.items() if k != "data"}
-        fields["schema_version"] = PAYLOADS[kind].SCHEMA_VERSION
+        current = upcast_record(raw)
+        payload = PAYLOADS[kind].model_validate(current["data"])
+        fields = {k: v for k, v in current.items() if k != "data"}
         return Event.model_validate({**fields, "data": payload})
     except ValidationError as error:
         raise DecodeError(f"{kind} does not match its schema: {_first_errors(error)}") from None

@@ -112,8 +112,9 @@ def form_group(
     counted = list(counted_attempts(trajectories).values())
     infra_errors = sum(1 for t in trajectories if not t.is_scored)
     members, rewards, masked = _apply_overlong([t for t in counted if t.is_scored], policy)
-    oldest = min((t.oldest_version for t in members), default=latest_version)
-    latest = max([latest_version, *(t.newest_version for t in members)])
+    # a member that generated no token (a cap or the time budget before its first call) has no version
+    oldest = min((t.oldest_version for t in members if t.oldest_version is not None), default=latest_version)
+    latest = max([latest_version, *(t.newest_version for t in members if t.newest_version is not None)])
     dropped = _drop_reason(len(members), len(counted), infra_errors, rewards, oldest, latest, policy)
     reason, detail = dropped if dropped is not None else (None, "")
     return GroupResult(

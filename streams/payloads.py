@@ -24,6 +24,14 @@ class Payload(BaseModel):
     SCHEMA_VERSION: ClassVar[int] = 1
 
 
+class RolloutPayload(Payload):
+    """A rollout event's payload. v2: the envelope's `policy_version` is None until the episode's
+    first generation says which version is in force (v1 wrote 0 there; read through
+    `streams.events.ENVELOPE_UPCASTERS`)."""
+
+    SCHEMA_VERSION: ClassVar[int] = 2
+
+
 class Limits(BaseModel):
     """The length policies in force for an episode (DESIGN.md defaults)."""
 
@@ -51,7 +59,7 @@ class TimeBreakdown(BaseModel):
 # ---- rollout events -------------------------------------------------------------
 
 
-class TrajectoryStarted(Payload):
+class TrajectoryStarted(RolloutPayload):
     attempt: int = Field(ge=0, description="index of the attempt within its group")
     retry: int = Field(default=0, ge=0, description="re-runs of this attempt after infra errors")
     group_size: int = Field(ge=1)
@@ -59,11 +67,11 @@ class TrajectoryStarted(Payload):
     prompt_token_ids: TokenIds = Field(default_factory=empty("i"), description="system + instance prompt")
 
 
-class SandboxRequested(Payload):
+class SandboxRequested(RolloutPayload):
     backend: str
 
 
-class SandboxReady(Payload):
+class SandboxReady(RolloutPayload):
     backend: str
     sandbox_id: str
     queue_wait_s: float = Field(ge=0)
@@ -73,7 +81,7 @@ class SandboxReady(Payload):
     )
 
 
-class SandboxFailed(Payload):
+class SandboxFailed(RolloutPayload):
     backend: str
     error_kind: str = Field(description="sandbox_start | sandbox_lost | timeout ...")
     message: str
@@ -81,13 +89,13 @@ class SandboxFailed(Payload):
     injected: bool = Field(default=False, description="caused by fault injection (sandbox.faults)")
 
 
-class SandboxReleased(Payload):
+class SandboxReleased(RolloutPayload):
     backend: str
     sandbox_id: str
     lifetime_s: float = Field(ge=0)
 
 
-class TurnGenerated(Payload):
+class TurnGenerated(RolloutPayload):
     turn: int = Field(ge=1)
     observation_token_ids: TokenIds = Field(description="prompt tokens new since the last turn (mask 0)")
     output_token_ids: TokenIds
@@ -101,7 +109,7 @@ class TurnGenerated(Payload):
     latency_s: float = Field(ge=0)
 
 
-class ToolExecuted(Payload):
+class ToolExecuted(RolloutPayload):
     turn: int = Field(ge=1)
     command: str
     exit_code: int | None
@@ -113,7 +121,7 @@ class ToolExecuted(Payload):
     format_error: bool = Field(default=False, description="the reply had no single bash block")
 
 
-class TestsRan(Payload):
+class TestsRan(RolloutPayload):
     fail_to_pass: dict[str, bool]
     pass_to_pass: dict[str, bool]
     duration_s: float = Field(ge=0)
@@ -132,7 +140,7 @@ class RenderDrift(BaseModel):
     rendered: str = Field(description="what the template renders there (an excerpt)")
 
 
-class TrajectoryFinished(Payload):
+class TrajectoryFinished(RolloutPayload):
     outcome: Outcome
     reward: float | None = Field(description="None for infra errors: they are never scored")
     turns: int = Field(ge=0)
@@ -223,10 +231,24 @@ class WeightsPublished(Payload):
 
 
 class StepTimes(BaseModel):
-    """Seconds of one trainer step, by phase."""
+    """Seconds of one trainer step, by phase, and what its wait was for (`trainer.waits`; the
+    rest of `wait_s` is reading and judging records). Records without the split (0, 0, None)
+    were written before the trainer recorded it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     wait_s: float = Field(default=0.0, ge=0, description="waiting for groups and their trajectories")
+    wait_groups_s: float = Field(
+        default=0.0, ge=0, description="of wait_s: no next group yet (its rollouts running, or not requested)"
+    )
+    wait_trajectories_s: float = Field(
+        default=0.0, ge=0, description="of wait_s: a group formed, its member trajectories not read yet"
+    )
+    wait_cpu_busy: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="share of the machine's CPU busy during wait_s; None: not recorded",
+    )
     logprob_s: float = Field(default=0.0, ge=0, description="trainer logprobs under the behaviour weights")
     update_s: float = Field(default=0.0, ge=0, description="forward/backward and optimiser step")
     publish_s: float = Field(default=0.0, ge=0, description="writing, hashing and announcing the version")

@@ -278,7 +278,7 @@ class StreamProcessor:
             group_id=trajectory.group_id,
             trajectory_id=trajectory.trajectory_id,
             task_id=trajectory.task_id,
-            policy_version=max(trajectory.newest_version, 0),
+            policy_version=trajectory.newest_version,
             id_key=f"trajectory:{trajectory.trajectory_id}",
         )
         return Emit("trajectories", event)
@@ -303,7 +303,7 @@ class StreamProcessor:
             source=self.source,
             group_id=result.group_id,
             task_id=result.task_id,
-            policy_version=max(result.latest_version, 0),
+            policy_version=result.latest_version if result.latest_version >= 0 else None,
             id_key=f"group:{result.group_id}",
         )
         return Emit("groups", event)

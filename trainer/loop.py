@@ -10,7 +10,9 @@ trajectory may still be on its way: the trainer reads `trajectories` until the
 members are there, never waiting for a particular rollout to finish). When
 `trainer.groups_per_step` kept groups are in, the backend trains one step, the
 new version is written (`trainer.publish`) and announced on `weights` and
-`weights.history`, then the step's metrics go to `trainer.steps`. The consumers'
+`weights.history`, then the step's metrics go to `trainer.steps`, with what the wait
+before it was for (`trainer.waits`: no next group yet, a group's trajectories not read
+yet, and the machine's CPU use meanwhile). The consumers'
 background prefetching is paused while a step trains and publishes (measured: it
 slowed torch's threads on a 2-core machine; `bench trainer`).
 
@@ -57,6 +59,7 @@ from trainer.publish import announce, step_event, write_version
 from trainer.resume import Checkpoint, save_checkpoint
 from trainer.settings import TrainerSettings
 from trainer.step import StepMetrics
+from trainer.waits import WaitClock, WaitSplit
 
 log = logging.getLogger(__name__)
 WAIT_LOG_S = 30.0  # how often a wait for missing member trajectories is reported
@@ -159,12 +162,12 @@ class RlTrainer:
             await self._seek(groups, "groups", self.merger.taken_positions())
             await self._seek(trajectories, "trajectories", self.trajectory_positions)
             while not stop.is_set() and (self.max_steps is None or self.state.step < self.max_steps):
-                started = time.monotonic()
-                batch = await self._collect(stop, groups, trajectories)
+                clock = WaitClock()
+                batch = await self._collect(stop, groups, trajectories, clock)
                 if batch is None:
                     break
                 with _paused(groups, trajectories):  # no prefetching beside the update's threads
-                    await self._train(batch, time.monotonic() - started, producer)
+                    await self._train(batch, clock.finish(), producer)
                 if self.state.step % self.settings.checkpoint_every == 0:
                     self.save()
                 self._phase("between")
@@ -197,7 +200,7 @@ class RlTrainer:
             consumer.consumer.seek(tps[p], offset)
 
     async def _collect(
-        self, stop: asyncio.Event, groups: EventConsumer, trajectories: EventConsumer
+        self, stop: asyncio.Event, groups: EventConsumer, trajectories: EventConsumer, clock: WaitClock
     ) -> list[tuple[Event, list[TrainSample]]] | None:
         """The next batch of kept groups with their samples, in order; None once `stop` is set."""
         batch: list[tuple[Event, list[TrainSample]]] = []
@@ -207,7 +210,8 @@ class RlTrainer:
                 return None
             taken = self.merger.take(self.exhausted)
             if taken is None:
-                await self._fetch_groups(groups)
+                with clock.waiting_for("groups"):
+                    await self._fetch_groups(groups)
                 continue
             event = taken.item
             group_id = event.group_id or ""
@@ -221,7 +225,8 @@ class RlTrainer:
                 self.seen[verdict] += 1
                 self.buffer.take(group.members)
                 continue
-            members = await self._members(group, group_id, trajectories, stop)
+            with clock.waiting_for("trajectories"):
+                members = await self._members(group, group_id, trajectories, stop)
             if members is None:
                 return None
             try:
@@ -267,7 +272,7 @@ class RlTrainer:
         return self.buffer.take(group.members)
 
     async def _train(
-        self, batch: list[tuple[Event, list[TrainSample]]], wait_s: float, producer: EventProducer
+        self, batch: list[tuple[Event, list[TrainSample]]], wait: WaitSplit, producer: EventProducer
     ) -> None:
         samples = [sample for _, group_samples in batch for sample in group_samples]
         staleness = batch_staleness(samples, self.state.version)
@@ -293,11 +298,14 @@ class RlTrainer:
             staleness_mean=staleness.mean,
             staleness_max=staleness.max,
             times=StepTimes(
-                wait_s=wait_s,
+                wait_s=wait.wait_s,
+                wait_groups_s=wait.groups_s,
+                wait_trajectories_s=wait.trajectories_s,
+                wait_cpu_busy=wait.cpu_busy,
                 logprob_s=metrics.logprob_s,
                 update_s=metrics.update_s,
                 publish_s=publish_s,
-                total_s=wait_s + metrics.logprob_s + metrics.update_s + publish_s,
+                total_s=wait.wait_s + metrics.logprob_s + metrics.update_s + publish_s,
             ),
         )
         await producer.send("trainer.steps", step_event(self.target.run_id, data, time.time_ns()))
@@ -310,7 +318,7 @@ class RlTrainer:
             data.loss,
             data.grad_norm,
             data.tokens,
-            wait_s,
+            wait.wait_s,
             metrics.logprob_s + metrics.update_s,
             publish_s,
         )

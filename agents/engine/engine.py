@@ -4,7 +4,8 @@ Callers (the HTTP server, tests, the benchmark) call `submit`, `abort`, `pause`,
 `resume` and `update_weights` from any thread; the scheduler thread owns the model
 and every running request and applies those calls between steps. Each step:
 
-1. apply aborts (the partial output comes back with finish reason "abort");
+1. apply aborts (the partial output comes back with finish reason "abort"; once `stop`
+   is called every request fails with `EngineStopping` instead);
 2. admit queued requests while fewer than `max_running_requests` run and their
    reserved tokens (input + max_new_tokens) fit in `kv_cache_tokens`; an admitted
    prompt starts from the longest prefix in the prefix cache (earlier turns);
@@ -36,6 +37,13 @@ from pathlib import Path
 import torch
 
 from agents.engine.batch import DecodeBatch, Decoder, EngineResult, RunningRequest, request_sampling
+from agents.engine.errors import (
+    ContextLengthError,
+    EngineFailure,
+    EngineRefusal,
+    EngineStopping,
+    QueueFullError,
+)
 from agents.engine.prefill import Prefilled, prefill_step
 from agents.engine.prefix_cache import PrefixCache
 from agents.engine.protocol import FinishReason, SamplingParams
@@ -45,23 +53,6 @@ from trainer.checkpoint import TORCH_DTYPES, load_model, weight_version
 from trainer.model import KVCache, PolicyModel
 
 logger = logging.getLogger(__name__)
-
-
-class EngineRefusal(ValueError):
-    """A request the engine will not run; the message says why and what to do."""
-
-
-class ContextLengthError(EngineRefusal):
-    pass
-
-
-class QueueFullError(EngineRefusal):
-    pass
-
-
-class EngineFailure(RuntimeError):
-    """A scheduler step failed (a bug, out of memory): the requests in it fail with this error,
-    queued requests stay queued and the engine keeps serving."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +126,7 @@ class Engine:
             raise EngineRefusal(f"input_ids must be token ids in [0, {vocab})")
         with self._lock:
             if self._stopping:
-                raise EngineRefusal("the engine is shutting down")
+                raise EngineStopping("the engine is shutting down: send the request again")
             existing = self._by_rid.get(rid)
             if existing is not None:
                 if existing.same_request(input_ids, params):
@@ -270,6 +261,8 @@ class Engine:
             self._apply_aborts()
 
     def _apply_aborts(self) -> None:
+        """Aborted requests finish with reason "abort" and what they generated; on `stop` every
+        request in flight fails with `EngineStopping` instead (a restart is not an abort)."""
         now = time.monotonic()
         aborted = self._retire(self._aborts)
         aborted += [r for r in self._prefilling if r.rid in self._aborts]
@@ -278,7 +271,10 @@ class Engine:
         self._queue = deque(r for r in self._queue if r.rid not in self._aborts)
         self._aborts.clear()
         for request in aborted:
-            self._finish(request, "abort", now)
+            if self._stopping:
+                self._fail(request, EngineStopping("the engine stopped before the request finished"))
+            else:
+                self._finish(request, "abort", now)
 
     def _reserved(self) -> int:
         return sum(r.reserved_tokens for r in self._decoding.requests()) + sum(
@@ -325,15 +321,19 @@ class Engine:
         if not request.future.done():
             request.future.set_result(request.result(reason, self.weight_version, now))
 
+    def _fail(self, request: RunningRequest, error: Exception) -> None:
+        self._by_rid.pop(request.rid, None)
+        request.prefill_cache = None
+        if not request.future.done():
+            request.future.set_exception(error)
+
     def _fail_in_flight(self, error: Exception) -> None:
         with self._lock:
             failed = self._decoding.requests() + self._prefilling
             self._decoding = Decoder(self.model.config, self.settings.context_length, self.model.dtype)
             self._prefilling = []
             for request in failed:
-                self._by_rid.pop(request.rid, None)
-                if not request.future.done():
-                    request.future.set_exception(EngineFailure(f"engine step failed: {error!r}"))
+                self._fail(request, EngineFailure(f"engine step failed: {error!r}"))
 
     def _step(self) -> None:
         """One prefill chunk budget plus one decode step. Runs without the lock: only this thread

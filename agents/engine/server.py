@@ -18,7 +18,9 @@ Routes: POST /generate, POST /abort_request, POST /pause_generation, POST
 prompt_tokens, completion_tokens, cached_tokens, weight_version (a string, as SGLang),
 output_token_logprobs ([logprob, token_id, null] per token, when asked), e2e_latency}
 plus our `output_token_versions` and `queue_time`. Input at or over the context cap →
-400 {"error": {"message", "type": "context_length_exceeded"}}; a full queue → 503.
+400 {"error": {"message", "type": "context_length_exceeded"}}; a full queue → 503. A request
+the engine drops because it is stopping (SIGTERM: a restart, the end of a run) → 503
+"engine_stopping", never a finish reason "abort": only an abort a client asked for is one.
 """
 
 from __future__ import annotations
@@ -33,7 +35,14 @@ from aiohttp import web
 from tokenizers import Tokenizer
 
 from agents.engine.batch import EngineResult
-from agents.engine.engine import ContextLengthError, Engine, EngineFailure, EngineRefusal, QueueFullError
+from agents.engine.engine import (
+    ContextLengthError,
+    Engine,
+    EngineFailure,
+    EngineRefusal,
+    EngineStopping,
+    QueueFullError,
+)
 from agents.engine.protocol import SamplingParams
 from agents.settings import EngineSettings
 from streams.heartbeat import start_heartbeat
@@ -164,8 +173,12 @@ async def generate(request: web.Request) -> web.Response:
         return error_response(503, str(error), "queue_full")
     except EngineRefusal as error:
         return error_response(400, str(error), "invalid_request")
+    except EngineStopping as error:
+        return error_response(503, str(error), "engine_stopping")
     try:
         result = await asyncio.wrap_future(future)
+    except EngineStopping as error:
+        return error_response(503, str(error), "engine_stopping")
     except EngineFailure as error:
         return error_response(500, str(error), "engine_failure")
     tokenizer = request.app[INFO_KEY].tokenizer
@@ -243,12 +256,14 @@ async def health_generate(request: web.Request) -> web.Response:
         return web.Response(status=200)  # alive; generation is paused on purpose
     try:
         future = engine.submit(f"health-{uuid.uuid4().hex}", [0], SamplingParams(max_new_tokens=1))
-    except EngineRefusal as error:
+    except (EngineRefusal, EngineStopping) as error:
         return web.Response(status=503, text=str(error))
     try:
         await asyncio.wait_for(asyncio.wrap_future(future), engine.settings.health_timeout_s)
     except TimeoutError:
         return web.Response(status=503, text="engine did not generate a token in time")
+    except EngineStopping as error:
+        return web.Response(status=503, text=str(error))
     return web.Response(status=200)
 
 

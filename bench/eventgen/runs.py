@@ -67,8 +67,10 @@ def trajectory_events(
     trajectory_id = trajectory_id_of(group_id, spec.attempt, spec.retry)
     time_ns = t0_ns + int(spec.start_s * NS)
     events = []
+    generated = False  # as an episode's: no version on its events until a generation reported one
     for seq, (data, advance_s) in enumerate(_payloads(spec, trajectory_id, limits or Limits())):
         time_ns += int(advance_s * NS)
+        generated = generated or isinstance(data, TurnGenerated)
         events.append(
             make_event(
                 data,
@@ -79,7 +81,7 @@ def trajectory_events(
                 group_id=group_id,
                 trajectory_id=trajectory_id,
                 task_id=group_id.split("/")[-1],
-                policy_version=spec.version,
+                policy_version=spec.version if generated else None,
             )
         )
     return events

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from streams.events import PAYLOADS, ROLLOUT_EVENT_TYPES, Event, make_event
+from streams.events import BEFORE_ANY_TURN, PAYLOADS, ROLLOUT_EVENT_TYPES, Event, make_event
 from streams.outcomes import Outcome
 from streams.payloads import (
     DeadLetterRecord,
@@ -190,7 +190,7 @@ def sample_event(kind: str, i: int, tokens: int = 300, run_id: str = "run-sample
         group_id=group if kind in _GROUPED else None,
         trajectory_id=trajectory if kind in _GROUPED else None,
         task_id=f"task-{i % 50}",
-        policy_version=3,
+        policy_version=None if kind in BEFORE_ANY_TURN else 3,  # as an episode writes them
         id_key=f"{kind}:{trajectory}",
     )
 

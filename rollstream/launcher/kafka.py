@@ -1,4 +1,5 @@
-"""The local Apache Kafka broker: `ensure_up(config) -> bootstrap`, `is_up`, `down`, `status`.
+"""The local Apache Kafka broker: `ensure_up(config) -> bootstrap`, `is_up`, `down`, `status`,
+and `running(config)`, the broker up for a block and stopped after it if the block started it.
 
 `ensure_up` is idempotent and serialised by a file lock: nodes already running
 (recognised by pid file and command line) are left alone, a stale pid file is
@@ -13,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +41,16 @@ from rollstream.launcher.process import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LauncherError", "NodeStatus", "cluster_overrides", "down", "ensure_up", "is_up", "status"]
+__all__ = [
+    "LauncherError",
+    "NodeStatus",
+    "cluster_overrides",
+    "down",
+    "ensure_up",
+    "is_up",
+    "running",
+    "status",
+]
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,18 @@ def ensure_up(config: Config, brokers: int = 1) -> str:
             _start(config, setup, to_start)
         _wait_ready(config, setup)
     return setup.bootstrap
+
+
+@contextlib.contextmanager
+def running(config: Config, brokers: int = 1) -> Iterator[str]:
+    """The setup up for the block (yields its bootstrap address) and stopped after it, only when
+    this call started it: what found it running (another run, `rollstream kafka up`) keeps it."""
+    found = is_up(config, brokers)
+    try:
+        yield ensure_up(config, brokers)
+    finally:
+        if not found:
+            down(config, brokers)
 
 
 def _port_stays_taken(port: int, grace_s: float) -> bool:

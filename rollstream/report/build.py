@@ -3,7 +3,8 @@
 The store is opened read-only (`streams.store.open_readonly`), every query runs on
 one connection, and the output directory gets one PNG per figure plus `index.html`.
 A run id the store has never seen is an error (`ReportError`, naming the runs it
-has) rather than a page of "no data" panels.
+has) rather than a page of "no data" panels, and so is a store at an older schema
+revision (`rollstream db upgrade` brings it up, correcting what later revisions fix).
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from rollstream.report.figures import Figure, figures, summary
+from rollstream.report.figures import Figure, figures
 from rollstream.report.page import page_html
 from rollstream.report.plots import plot
 from rollstream.report.queries import RunRows, run_ids, run_rows
 from rollstream.report.settings import ReportSettings
+from rollstream.report.tables import OUTCOME_COLUMNS, outcome_cells, summary
 from streams.store import open_readonly
+from streams.store.migrate import current_revision, head_revision
 
 RUNS_NAMED = 10  # runs listed in the "no such run" message
 
@@ -34,9 +37,17 @@ class Report:
 
 
 def load_rows(url: str, run_id: str) -> RunRows:
-    """Everything the report shows about `run_id`, read from the store at `url`."""
+    """Everything the report shows about `run_id`, read from the store at `url` (at the newest
+    schema revision: an older one may hold projections the migrations since have corrected)."""
     engine = open_readonly(url)
     try:
+        at, head = current_revision(engine), head_revision()
+        if at != head:
+            raise ReportError(
+                f"the store at {_safe(url)} is at schema revision {at}, not {head}: run "
+                f"`rollstream db upgrade --db URL` first (0004 attributes trajectories to their first "
+                "token's weight version)"
+            )
         with engine.connect() as conn:
             rows = run_rows(conn, run_id)
             if not rows.outcomes and not rows.steps and not rows.versions:
@@ -57,7 +68,10 @@ def write_report_files(rows: RunRows, out: Path, source: str, settings: ReportSe
     for figure in drawn:
         plot(figure, out / f"{figure.key}.png", settings)
     page = out / "index.html"
-    html = page_html(rows.run_id, source, summary(rows, settings), [(f, f"{f.key}.png") for f in drawn])
+    outcomes = (OUTCOME_COLUMNS, [outcome_cells(row) for row in rows.rewards])
+    html = page_html(
+        rows.run_id, source, summary(rows, settings), [(f, f"{f.key}.png") for f in drawn], outcomes
+    )
     page.write_text(html)
     return Report(page, drawn)
 

@@ -18,9 +18,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rollstream.report.queries import INFRA_PREFIX, TRAJECTORY_PARTS, RunRows, StepRow, TimeRow, VersionRow
+from rollstream.report.queries import (
+    INFRA_PREFIX,
+    TRAJECTORY_PARTS,
+    RunRows,
+    StepRow,
+    TimeRow,
+    VersionRow,
+)
 from rollstream.report.settings import ReportSettings
 from streams.tail import finished_mark, tail_share
+from trainer.waits import mean_in_flight, summarise_waits, wait_reason
 
 NS = 1e9
 PART_LABELS = {
@@ -31,7 +39,14 @@ PART_LABELS = {
     "tests_s": "tests",
     "queue_s": "queue (caps)",
 }
-STEP_PARTS = {"wait_s": "wait", "logprob_s": "logprob", "update_s": "update", "publish_s": "publish"}
+STEP_PARTS = {
+    "wait_groups_s": "wait: no group formed yet",
+    "wait_trajectories_s": "wait: trajectories not read",
+    "wait_other_s": "wait: reading, judging",  # wait_s less the two (all of it in old records)
+    "logprob_s": "logprob",
+    "update_s": "update",
+    "publish_s": "publish",
+}
 FAMILY_ORDER = ("resolved", "unresolved", "truncated", "infra_error")
 
 
@@ -65,24 +80,32 @@ def family(outcome: str) -> str:
 
 
 def pass1_by_version(versions: list[VersionRow]) -> Figure:
-    scored = [v for v in versions if v.scored > 0]
-    x = [float(v.version) for v in scored]
-    rewards = [(float(v.version), v.reward_mean) for v in scored if v.reward_mean is not None]
+    scored = [v for v in versions if v.scored > 0 and v.version is not None]
+    x = [float(v.version) for v in scored if v.version is not None]
+    rewards = [
+        (float(v.version), v.reward_mean)
+        for v in scored
+        if v.version is not None and v.reward_mean is not None
+    ]
     infra = sum(v.infra_errors for v in versions)
     attempts = sum(v.scored for v in scored)
+    notes = [f"{attempts} scored attempts; {infra} infrastructure errors not scored"]
+    tokenless = sum(v.scored for v in versions if v.version is None)
+    if tokenless:
+        notes.append(f"{tokenless} scored attempts generated no token (no version)")
     return Figure(
         key="pass1_by_version",
         title="pass@1 and mean reward by weight version",
         kind="lines",
-        xlabel="weight version (at trajectory start)",
+        xlabel="weight version (of the trajectory's first token)",
         ylabel="pass@1 / mean reward",
         series=[
             Series("pass@1", x, [v.resolved / v.scored for v in scored]),
-            Series("mean reward", [r[0] for r in rewards], [float(r[1]) for r in rewards]),
+            Series("mean reward (verifier)", [r[0] for r in rewards], [float(r[1]) for r in rewards]),
         ],
         points=len(scored),
         empty_reason="no scored trajectories",
-        notes=[f"{attempts} scored attempts; {infra} infrastructure errors not scored"],
+        notes=notes,
     )
 
 
@@ -161,13 +184,24 @@ def trajectory_time(times: list[TimeRow]) -> Figure:
     )
 
 
-def step_time(steps: list[StepRow], settings: ReportSettings) -> Figure:
+def step_time(steps: list[StepRow], spans_ns: list[tuple[int, int]], settings: ReportSettings) -> Figure:
+    """The steps' time split, the wait split by what it was for, and a sentence naming what binds
+    (`trainer.waits.wait_reason`, with the rollouts in flight during the waits)."""
     shown = steps[-settings.max_step_bars :]
+    parts = [_step_parts(s.times) for s in shown]
     x = list(map(float, range(len(shown))))
-    series = [Series(label, x, [s.times.get(name, 0.0) for s in shown]) for name, label in STEP_PARTS.items()]
-    totals = {label: sum(s.y) for label, s in zip(STEP_PARTS.values(), series, strict=True)}
-    grand = sum(totals.values())
-    timed = sum(1 for s in shown if sum(s.times.get(name, 0.0) for name in STEP_PARTS) > 0)
+    series = [Series(label, x, [p[name] for p in parts]) for name, label in STEP_PARTS.items()]
+    grand = sum(sum(p.values()) for p in parts)
+    waits = summarise_waits(
+        [s.times for s in shown], mean_in_flight(spans_ns, [_wait_window(s) for s in shown])
+    )
+    notes = []
+    if grand > 0:
+        shares = {
+            "wait": waits.wait_s,
+            **{STEP_PARTS[k]: sum(p[k] for p in parts) for k in STEP_PARTS if not k.startswith("wait")},
+        }
+        notes = [", ".join(f"{k} {v / grand:.0%}" for k, v in shares.items()), wait_reason(waits)]
     return Figure(
         key="step_time",
         title="Trainer step time breakdown",
@@ -176,10 +210,24 @@ def step_time(steps: list[StepRow], settings: ReportSettings) -> Figure:
         ylabel="seconds",
         categories=[str(s.step) for s in shown],
         series=series,
-        points=timed,
+        points=sum(1 for p in parts if sum(p.values()) > 0),
         empty_reason="no trainer steps in this run (an eval-only run has none)",
-        notes=[", ".join(f"{k} {v / grand:.0%}" for k, v in totals.items())] if grand > 0 else [],
+        notes=notes,
     )
+
+
+def _step_parts(times: dict[str, float]) -> dict[str, float]:
+    split = {k: times.get(k, 0.0) for k in STEP_PARTS}
+    split["wait_other_s"] = max(
+        times.get("wait_s", 0.0) - split["wait_groups_s"] - split["wait_trajectories_s"], 0.0
+    )
+    return split
+
+
+def _wait_window(step: StepRow) -> tuple[int, int]:
+    """When the trainer waited before `step` (ns): from the step's start, for its wait_s."""
+    start = step.time_ns - int(step.times.get("total_s", 0.0) * NS)
+    return start, start + int(step.times.get("wait_s", 0.0) * NS)
 
 
 def long_tail(spans_ns: list[tuple[int, int]], settings: ReportSettings) -> Figure:
@@ -285,31 +333,11 @@ def figures(rows: RunRows, settings: ReportSettings) -> list[Figure]:
         turns_histogram(rows.turns, settings),
         long_tail(rows.spans_ns, settings),
         trajectory_time(rows.times),
-        step_time(rows.steps, settings),
+        step_time(rows.steps, rows.spans_ns, settings),
         stability(rows.steps),
         infra_errors(rows.outcomes),
         cap_waits(rows.cap_waits_s, settings),
     ]
-
-
-def summary(rows: RunRows, settings: ReportSettings) -> dict[str, str]:
-    """The page's headline figures (name -> formatted value)."""
-    scored = sum(v.scored for v in rows.versions)
-    resolved = sum(v.resolved for v in rows.versions)
-    finished = sum(n for _, n in rows.outcomes)
-    out = {
-        "trajectories finished": str(finished),
-        "scored attempts": str(scored),
-        "pass@1 (all versions)": f"{resolved / scored:.1%}" if scored else "-",
-        "weight versions": ", ".join(str(v.version) for v in rows.versions) or "-",
-        "trainer steps": str(len(rows.steps)),
-    }
-    if rows.spans_ns:
-        spans = [(s / NS, e / NS) for s, e in rows.spans_ns]
-        out[f"wall time after {settings.finished_fraction:.0%} finished"] = (
-            f"{tail_share(spans, settings.finished_fraction):.1%}"
-        )
-    return out
 
 
 def _family_rank(outcome: str) -> int:

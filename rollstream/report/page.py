@@ -1,4 +1,5 @@
-"""The report page: `index.html` with the headline table and one <figure> per PNG.
+"""The report page: `index.html` with the headline table, the outcomes table (the verifier's
+reward beside the one the trainer used) and one <figure> per PNG.
 
 Every figure element carries `data-figure` (its key, also the PNG's name),
 `data-points` (data points drawn; 0 = a "no data" panel) and `data-empty`
@@ -12,9 +13,12 @@ import html
 from collections.abc import Mapping, Sequence
 
 from rollstream.report.figures import Figure
+from rollstream.report.tables import OUTCOME_CAPTION
 
 STYLE = """body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}
-td{padding:2px 12px;border-bottom:1px solid #ddd}figure{margin:1.5em 0}
+td,th{padding:2px 12px;border-bottom:1px solid #ddd}th{text-align:left}
+table.outcomes{margin-top:1em}table.outcomes td+td{text-align:right}figure{margin:1.5em 0}
+caption{text-align:left;font-size:0.9em;color:#555}
 img{max-width:100%;border:1px solid #eee}figcaption{font-size:0.9em;color:#555}
 .nodata figcaption{color:#a00}code{background:#f4f4f4;padding:0 4px}"""
 
@@ -35,18 +39,34 @@ def table_html(rows: Mapping[str, str]) -> str:
     return f'<table class="summary">{body}</table>'
 
 
+def grid_html(columns: Sequence[str], rows: Sequence[Sequence[str]], css_class: str, caption: str) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in rows)
+    return (
+        f'<table class="{css_class}"><caption>{html.escape(caption)}</caption><tr>{head}</tr>{body}</table>'
+    )
+
+
 def page_html(
-    run_id: str, source: str, summary: Mapping[str, str], figures: Sequence[tuple[Figure, str]]
+    run_id: str,
+    source: str,
+    summary: Mapping[str, str],
+    figures: Sequence[tuple[Figure, str]],
+    outcomes: tuple[Sequence[str], Sequence[Sequence[str]]] = ((), ()),
 ) -> str:
-    """The whole page; `figures` are (figure, PNG path relative to the page)."""
+    """The whole page; `figures` are (figure, PNG path relative to the page), `outcomes` the
+    outcomes table's (columns, rows)."""
     run = html.escape(run_id)
     body = "\n".join(figure_html(figure, src) for figure, src in figures)
+    columns, rows = outcomes
+    outcome_table = grid_html(columns, rows, "outcomes", OUTCOME_CAPTION) if rows else ""
     return f"""<!doctype html><html><head><meta charset="utf-8">
 <title>Rollstream run {run}</title><style>{STYLE}</style></head><body>
 <h1>Run {run}</h1>
 <p>Every figure is queried from the SQL event store (<code>{html.escape(source)}</code>);
 ask more with <code>rollstream sql "SELECT * FROM trajectories WHERE run_id = '{run}'"</code>.</p>
 {table_html(summary)}
+{outcome_table}
 {body}
 </body></html>
 """

@@ -6,8 +6,8 @@ the database can do them (counts, sums, means by version, outcome, turns), raw v
 where the figure needs them all (finish times, cap waits). No plotting here and no
 figure logic: `figures` turns these rows into figure data.
 
-A trajectory's weight version is the one in force when it started
-(`trajectories.start_policy_version`, the end's where the start is missing); pass@1
+A trajectory's weight version is the version of its first generated token
+(`trajectories.start_policy_version`; None for one that never generated); pass@1
 is the reference run's: the mean of per-attempt success over scored attempts
 (infrastructure errors are never scored, so they count neither way).
 
@@ -24,8 +24,9 @@ from typing import Any
 
 from sqlalchemy import Connection, case, func, select, text
 
-from streams.store.models import SandboxLifecycle, TrainerStepRow, Trajectory
+from streams.store.models import EventRow, SandboxLifecycle, TrainerStepRow, Trajectory
 
+E = EventRow.__table__
 T = Trajectory.__table__
 S = SandboxLifecycle.__table__
 STEPS = TrainerStepRow.__table__
@@ -33,13 +34,13 @@ INFRA_PREFIX = "infra_error"
 TRAJECTORY_PARTS = ("llm_s", "tool_s", "sandbox_start_s", "agent_install_s", "tests_s", "queue_s")
 
 PASS1_BY_VERSION_SQL = """\
-SELECT run_id, COALESCE(start_policy_version, end_policy_version) AS version,
+SELECT run_id, start_policy_version AS version,
        COUNT(*) AS attempts,
        AVG(CASE WHEN outcome = 'resolved' THEN 1.0 ELSE 0.0 END) AS pass1,
        AVG(reward) AS reward_mean
 FROM trajectories
 WHERE finished_ns IS NOT NULL AND outcome NOT LIKE 'infra_error%'
-GROUP BY run_id, COALESCE(start_policy_version, end_policy_version)
+GROUP BY run_id, start_policy_version
 ORDER BY run_id, version"""
 
 ROLLOUT_TIME_SQL = """\
@@ -56,13 +57,30 @@ ORDER BY run_id"""
 
 @dataclass(frozen=True)
 class VersionRow:
-    """Trajectories that started under one weight version."""
+    """Trajectories whose first token came from one weight version (None: they generated none)."""
 
-    version: int
+    version: int | None
     scored: int  # attempts that count for pass@1 (not infrastructure errors)
     resolved: int
     infra_errors: int
     reward_mean: float | None
+
+
+@dataclass(frozen=True)
+class OutcomeRow:
+    """The finished trajectories with one outcome: the verifier's reward and the one the trainer used.
+
+    They differ where a policy changed it: `policy.overlong="zero"` trains a truncated episode
+    as a failure (reward 0) whatever its tests scored, `"drop"` leaves it out; a member of a
+    dropped group (zero variance, stale, too few valid) is not trained on at all."""
+
+    outcome: str
+    trajectories: int
+    mean_turns: float | None
+    verifier_reward: float | None  # mean of `trajectories.reward` (None: infrastructure errors)
+    trained: int  # members of kept groups
+    trained_reward: float | None  # mean of their rewards in `group.formed` (None: none trained)
+    mean_s: float | None
 
 
 @dataclass(frozen=True)
@@ -85,6 +103,7 @@ class StepRow:
     ess: float
     ess_seq: float
     times: dict[str, float]
+    time_ns: int = 0  # when the step was written (after it published)
 
 
 @dataclass(frozen=True)
@@ -95,6 +114,7 @@ class RunRows:
     versions: list[VersionRow]
     turns: list[tuple[int, int]]  # (turns, trajectories)
     outcomes: list[tuple[str, int]]  # (outcome, trajectories)
+    rewards: list[OutcomeRow]
     times: list[TimeRow]
     spans_ns: list[tuple[int, int]]  # (started_ns, finished_ns) per finished trajectory
     steps: list[StepRow]
@@ -106,7 +126,7 @@ def _finished(run_id: str) -> Any:
 
 
 def version_rows(conn: Connection, run_id: str) -> list[VersionRow]:
-    version = func.coalesce(T.c.start_policy_version, T.c.end_policy_version)
+    version = T.c.start_policy_version
     infra = T.c.outcome.like(f"{INFRA_PREFIX}%")
     stmt = (
         select(
@@ -121,9 +141,14 @@ def version_rows(conn: Connection, run_id: str) -> list[VersionRow]:
         .order_by(version)
     )
     return [
-        VersionRow(int(v), int(scored), int(resolved), int(infra_n), None if mean is None else float(mean))
+        VersionRow(
+            None if v is None else int(v),
+            int(scored),
+            int(resolved),
+            int(infra_n),
+            None if mean is None else float(mean),
+        )
         for v, scored, resolved, infra_n, mean in conn.execute(stmt)
-        if v is not None
     ]
 
 
@@ -142,6 +167,50 @@ def outcome_counts(conn: Connection, run_id: str) -> list[tuple[str, int]]:
         select(T.c.outcome, func.count()).where(_finished(run_id)).group_by(T.c.outcome).order_by(T.c.outcome)
     )
     return [(str(outcome), int(n)) for outcome, n in conn.execute(stmt)]
+
+
+def trained_rewards(conn: Connection, run_id: str) -> dict[str, float]:
+    """Trajectory id -> the reward the trainer used: its entry in a kept `group.formed` (the
+    group's copies from several stream workers are the same group)."""
+    stmt = select(E.c.data).where((E.c.run_id == run_id) & (E.c.type == "group.formed"))
+    out: dict[str, float] = {}
+    for (data,) in conn.execute(stmt):
+        group = json.loads(data) if isinstance(data, str) else data
+        if group.get("dropped") is None:
+            out.update(zip(group["members"], map(float, group["rewards"]), strict=True))
+    return out
+
+
+def outcome_rewards(conn: Connection, run_id: str) -> list[OutcomeRow]:
+    """Per outcome: count, mean turns, the verifier's mean reward and the trainer's, mean seconds."""
+    trained = trained_rewards(conn, run_id)
+    stmt = (
+        select(T.c.trajectory_id, T.c.outcome, T.c.turns, T.c.reward, T.c.total_s)
+        .where(_finished(run_id))
+        .order_by(T.c.outcome, T.c.trajectory_id)
+    )
+    by_outcome: dict[str, list[Any]] = {}
+    for row in conn.execute(stmt):
+        by_outcome.setdefault(str(row.outcome), []).append(row)
+    return [_outcome_row(outcome, rows, trained) for outcome, rows in by_outcome.items()]
+
+
+def _outcome_row(outcome: str, rows: list[Any], trained: dict[str, float]) -> OutcomeRow:
+    used = [trained[r.trajectory_id] for r in rows if r.trajectory_id in trained]
+    return OutcomeRow(
+        outcome=outcome,
+        trajectories=len(rows),
+        mean_turns=_mean([r.turns for r in rows]),
+        verifier_reward=_mean([r.reward for r in rows]),
+        trained=len(used),
+        trained_reward=_mean(used),
+        mean_s=_mean([r.total_s for r in rows]),
+    )
+
+
+def _mean(values: list[Any]) -> float | None:
+    known = [float(v) for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def time_rows(conn: Connection, run_id: str) -> list[TimeRow]:
@@ -177,13 +246,14 @@ def step_rows(conn: Connection, run_id: str) -> list[StepRow]:
             STEPS.c.ess,
             STEPS.c.ess_seq,
             STEPS.c.times,
+            STEPS.c.time_ns,
         )
         .where(STEPS.c.run_id == run_id)
         .order_by(STEPS.c.step)
     )
     return [
-        StepRow(int(step), int(version), float(diff), float(ess), float(ess_seq), _float_map(times))
-        for step, version, diff, ess, ess_seq, times in conn.execute(stmt)
+        StepRow(int(step), int(version), float(diff), float(ess), float(ess_seq), _float_map(times), int(at))
+        for step, version, diff, ess, ess_seq, times, at in conn.execute(stmt)
     ]
 
 
@@ -203,6 +273,7 @@ def run_rows(conn: Connection, run_id: str) -> RunRows:
         versions=version_rows(conn, run_id),
         turns=turn_counts(conn, run_id),
         outcomes=outcome_counts(conn, run_id),
+        rewards=outcome_rewards(conn, run_id),
         times=time_rows(conn, run_id),
         spans_ns=spans(conn, run_id),
         steps=step_rows(conn, run_id),
@@ -226,4 +297,4 @@ def _float_map(value: Any) -> dict[str, float]:
     """A JSON object column (dict on both backends; text if a driver hands it over undecoded)."""
     if isinstance(value, str):
         value = json.loads(value)
-    return {str(k): float(v) for k, v in (value or {}).items()}
+    return {str(k): float(v) for k, v in (value or {}).items() if v is not None}  # None: not recorded

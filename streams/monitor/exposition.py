@@ -103,7 +103,8 @@ def _per_version(totals: FigureState, settings: MonitorSettings) -> list[tuple[s
     resolved = _by_label(counters, "resolved_trajectories_total", "weight_version")
     rewards = _by_label(counters, "reward_sum_total", "weight_version")
     out: list[tuple[str, float]] = []
-    for version in sorted(scored, key=int)[-settings.versions_kept :]:
+    known = [version for version in scored if version.isdigit()]  # not the "none" of a token-less one
+    for version in sorted(known, key=int)[-settings.versions_kept :]:
         n = scored[version]
         out.append((series("version_reward_mean", weight_version=version), rewards.get(version, 0.0) / n))
         out.append((series("version_pass_rate", weight_version=version), resolved.get(version, 0.0) / n))

@@ -126,7 +126,8 @@ def record_update(topic: str, envelope: Mapping[str, Any], settings: MonitorSett
     kind = envelope.get("type")
     buckets = settings.latency_buckets_s
     if kind == "trajectory.assembled":
-        _trajectory(update, data, int(envelope.get("policy_version") or 0), buckets)
+        version = envelope.get("policy_version")  # None: the trajectory generated no token
+        _trajectory(update, data, None if version is None else int(version), buckets)
     elif kind == "group.formed":
         update.add("groups_total", status=data.get("dropped") or "kept")
     elif kind == "trainer.step":
@@ -139,22 +140,29 @@ def record_update(topic: str, envelope: Mapping[str, Any], settings: MonitorSett
     return update
 
 
-def _trajectory(update: Update, data: Mapping[str, Any], version: int, buckets: tuple[float, ...]) -> None:
+UNKNOWN_VERSION = "none"  # the `weight_version` label of a scored trajectory that generated no token
+
+
+def _trajectory(
+    update: Update, data: Mapping[str, Any], version: int | None, buckets: tuple[float, ...]
+) -> None:
     outcome = str(data.get("outcome", ""))
     update.add("trajectories_total", outcome=outcome)
     if outcome.startswith("infra_error:"):
         update.add("infra_errors_total", kind=outcome.partition(":")[2])
     elif data.get("reward") is not None:
-        update.add("scored_trajectories_total", weight_version=str(version))
-        update.add("reward_sum_total", float(data["reward"]), weight_version=str(version))
+        label = UNKNOWN_VERSION if version is None else str(version)
+        update.add("scored_trajectories_total", weight_version=label)
+        update.add("reward_sum_total", float(data["reward"]), weight_version=label)
         if outcome == "resolved":
-            update.add("resolved_trajectories_total", weight_version=str(version))
+            update.add("resolved_trajectories_total", weight_version=label)
     times = data.get("times") or {}
     total_s = float(times.get("total_s", 0.0))
     update.observe("trajectory_duration_seconds", total_s, buckets)
     update.observe("trajectory_queue_seconds", float(times.get("queue_s", 0.0)), buckets)
     finish_s = update.time_ns / NS
-    update.span = (version, finish_s - total_s, finish_s)
+    if version is not None:
+        update.span = (version, finish_s - total_s, finish_s)
 
 
 def _trainer_step(update: Update, data: Mapping[str, Any], buckets: tuple[float, ...]) -> None:

@@ -58,7 +58,7 @@ class EventRow(Base):
     trajectory_id: Mapped[str | None]
     task_id: Mapped[str | None]
     seq: Mapped[int]
-    policy_version: Mapped[int]
+    policy_version: Mapped[int | None]  # None: not known yet (before an episode's first generation)
     time_ns: Mapped[int]
     source: Mapped[str] = mapped_column(primary_key=True)
     causation_id: Mapped[str | None] = mapped_column(String(36))

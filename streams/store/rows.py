@@ -6,18 +6,19 @@ count tokens without unpacking them. A projection is a `ProjectionRow` (table,
 key columns, values; JSON columns as JSON text); the writer upserts it, setting
 only the columns that event type determines, so the three event types that fill
 one `trajectories` row never overwrite each other and applying the same event
-twice changes nothing.
+twice changes nothing. A trajectory's `start_policy_version` is the version of its
+first generated token (turn 1's), set by that `turn.generated`: the version in force
+when it started is not known before then, and a trajectory that never generated has none.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from streams.events import PAYLOADS, Event
+from streams.events import Event, event_from_dict
 from streams.store.wire import WireEvent, packed_count, packed_min
 
 INT32 = 4  # bytes per packed token id
@@ -67,28 +68,15 @@ def event_row(stored: StoredEvent) -> dict[str, Any]:
 
 
 def event_from_row(row: Any) -> Event:
-    """The `Event` an `events` row (mapping or Row with the column names) holds.
+    """The `Event` an `events` row (mapping or Row with the column names) holds, upcast when the row
+    was written under an older schema version.
 
     `data` may be the decoded JSON (ORM or typed select) or its text (plain SQL on SQLite).
     """
     mapping = row._mapping if hasattr(row, "_mapping") else row
     data = mapping["data"]
-    payload = PAYLOADS[mapping["type"]].model_validate(json.loads(data) if isinstance(data, str) else data)
-    return Event(
-        id=uuid.UUID(mapping["id"]),
-        type=mapping["type"],
-        schema_version=mapping["schema_version"],
-        run_id=mapping["run_id"],
-        group_id=mapping["group_id"],
-        trajectory_id=mapping["trajectory_id"],
-        task_id=mapping["task_id"],
-        seq=mapping["seq"],
-        policy_version=mapping["policy_version"],
-        time_ns=mapping["time_ns"],
-        source=mapping["source"],
-        causation_id=uuid.UUID(mapping["causation_id"]) if mapping["causation_id"] else None,
-        data=payload,
-    )
+    record = {name: mapping[name] for name in Event.ENVELOPE_FIELDS}
+    return event_from_dict(record | {"data": json.loads(data) if isinstance(data, str) else data})
 
 
 def projection_rows(event: WireEvent) -> list[ProjectionRow]:
@@ -110,7 +98,6 @@ def _trajectory_started(event: WireEvent) -> list[ProjectionRow]:
         "group_size": data.group_size,
         "limits": data.limits.model_dump_json(),
         "started_ns": event.time_ns,
-        "start_policy_version": event.policy_version,
         "prompt_tokens": packed_count(data.prompt_token_ids, INT32),
     }
     return [ProjectionRow("trajectories", ("trajectory_id",), values)]
@@ -165,7 +152,12 @@ def _turn_generated(event: WireEvent) -> list[ProjectionRow]:
         "queue_wait_s": data.queue_wait_s,
         "latency_s": data.latency_s,
     }
-    return [ProjectionRow("turns", ("trajectory_id", "turn"), values)]
+    rows = [ProjectionRow("turns", ("trajectory_id", "turn"), values)]
+    if data.turn == 1:  # the trajectory's weight version: its first token's
+        first = values["oldest_output_version"]  # versions only grow within one generation
+        start = _identity(event) | {"start_policy_version": data.weight_version if first is None else first}
+        rows.append(ProjectionRow("trajectories", ("trajectory_id",), start))
+    return rows
 
 
 def _tool_executed(event: WireEvent) -> list[ProjectionRow]:

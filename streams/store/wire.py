@@ -81,7 +81,7 @@ class WireEvent(BaseModel):
     trajectory_id: str | None
     task_id: str | None
     seq: int
-    policy_version: int
+    policy_version: int | None
     time_ns: int
     source: str
     causation_id: Any

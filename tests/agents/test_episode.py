@@ -170,7 +170,38 @@ async def test_sandbox_start_failure_is_an_infra_error_never_scored(chat: ChatFo
     finished = await episode.run()
     assert finished.outcome == Outcome.INFRA_SANDBOX_START and finished.reward is None
     assert "sandbox.failed" in sink.types() and "tests.ran" not in sink.types()
+    assert [e.policy_version for e in sink.events] == [None] * len(sink.events)  # no generation: no version
     check_events(sink)
+
+
+class SwappingPolicy(ScriptedPolicy):
+    """The engine loads the next weight version after every generation (a trainer that keeps up)."""
+
+    async def generate(self, input_ids, params, rid):  # type: ignore[no-untyped-def]
+        generation = await super().generate(input_ids, params, rid)
+        self.weight_version += 1
+        return generation
+
+
+async def test_events_carry_the_version_in_force_and_none_before_the_first_generation(
+    chat: ChatFormat,
+) -> None:
+    replies = [bash("ls"), bash(SUBMIT)]
+    episode, sink = make_episode(chat, replies)
+    episode.services = replace(episode.services, policy=SwappingPolicy(chat, replies, weight_version=4))
+    await episode.run()
+    assert [(e.type, e.policy_version) for e in sink.events] == [
+        ("trajectory.started", None),
+        ("sandbox.requested", None),
+        ("sandbox.ready", None),
+        ("turn.generated", 4),
+        ("tool.executed", 4),
+        ("turn.generated", 5),  # the submit: no command to run
+        ("tests.ran", 5),
+        ("sandbox.released", 5),
+        ("trajectory.finished", 5),
+    ]
+    assert fold_trajectory(sink.events).oldest_version == 4  # type: ignore[union-attr]
 
 
 async def test_abort_ends_the_episode_promptly_as_deadline(chat: ChatFormat) -> None:

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from streams import events as ev
 from streams.events import DecodeError, decode_event, encode_event, event_id, make_event
 from streams.outcomes import Outcome, infra_outcome
-from streams.payloads import Limits, TrajectoryFinished, TrajectoryStarted, TurnGenerated
+from streams.payloads import Limits, RolloutRequested, TrajectoryFinished, TrajectoryStarted, TurnGenerated
 
 
 def turn(tokens: list[int], logprobs: list[float]) -> TurnGenerated:
@@ -129,23 +129,23 @@ def test_schema_violation_names_the_field() -> None:
 
 
 def test_old_versions_are_upcast(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A v1 `trajectory.started` without `retry` is read by a v2 reader through its upcaster."""
-    monkeypatch.setattr(TrajectoryStarted, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(ev.UPCASTERS, ("trajectory.started", 1), lambda d: {**d, "retry": 7})
+    """A v1 `rollout.requested` without `retry` is read by a v2 reader through its upcaster."""
+    monkeypatch.setattr(RolloutRequested, "SCHEMA_VERSION", 2)
+    monkeypatch.setitem(ev.UPCASTERS, ("rollout.requested", 1), lambda d: {**d, "retry": 7})
     v1 = {
         "id": str(event_id("t", 0)),
-        "type": "trajectory.started",
+        "type": "rollout.requested",
         "schema_version": 1,
         "run_id": "r",
         "trajectory_id": "t",
         "seq": 0,
         "time_ns": 1,
         "source": "w",
-        "data": {"attempt": 1, "group_size": 8, "limits": Limits().model_dump()},
+        "data": {"task_dir": "task-1", "attempt": 1, "group_size": 8},
     }
     event = decode_event(json.dumps(v1))
     assert event.schema_version == 2 and event.data.retry == 7
-    monkeypatch.delitem(ev.UPCASTERS, ("trajectory.started", 1))
+    monkeypatch.delitem(ev.UPCASTERS, ("rollout.requested", 1))
     with pytest.raises(DecodeError, match="no upcaster"):
         decode_event(json.dumps(v1))
 

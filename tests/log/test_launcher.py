@@ -105,3 +105,20 @@ def test_free_ports_lie_below_the_ephemeral_range_and_are_bindable() -> None:
         assert FREE_PORT_MIN <= port < low and not 30000 <= port < 30100
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))  # raises if the port were taken
+
+
+def test_running_stops_the_broker_only_when_it_started_it(tmp_path: Path, base_config: Config) -> None:
+    """A benchmark stops what it started (`bench chaos`, the cluster) and leaves what it found."""
+    libs = kafka_files.ensure_jars(base_config.state_dir, base_config.broker)  # fetched once, shared
+    (tmp_path / "kafka").mkdir()
+    (tmp_path / "kafka" / "libs").symlink_to(libs)
+    ports = [f"broker.port={free_port()}", f"broker.controller_port={free_port()}"]
+    config = load_config(None, [f'run.state_dir="{tmp_path}"', *ports])
+    assert not kafka.is_up(config)
+    with kafka.running(config) as bootstrap:
+        [node] = kafka.status(config)
+        assert node.answers and node.pid is not None and bootstrap.endswith(f":{node.port}")
+        with kafka.running(config):  # found running: left running
+            pass
+        assert kafka.is_up(config) and kafka.status(config)[0].pid == node.pid
+    assert not kafka.is_up(config) and kafka.status(config)[0].pid is None

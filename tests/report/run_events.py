@@ -140,6 +140,9 @@ def _step(rng: random.Random, run_id: str, version: int, time_ns: int) -> Event:
         reward_mean=rng.random(),
         times=StepTimes(
             wait_s=wait,
+            wait_groups_s=0.8 * wait,
+            wait_trajectories_s=0.1 * wait,
+            wait_cpu_busy=0.95,
             logprob_s=logprob,
             update_s=update,
             publish_s=publish,
@@ -158,8 +161,12 @@ def _step(rng: random.Random, run_id: str, version: int, time_ns: int) -> Event:
 
 
 def expected_pass1(events: list[Event]) -> dict[int, float]:
-    """pass@1 by the version in force at each trajectory's start, from the events alone."""
-    version = {e.trajectory_id: e.policy_version for e in events if e.type == "trajectory.started"}
+    """pass@1 by the version of each trajectory's first generated token, from the events alone."""
+    version = {
+        e.trajectory_id: e.data.output_versions[0]  # type: ignore[attr-defined]
+        for e in events
+        if e.type == "turn.generated" and e.data.turn == 1  # type: ignore[attr-defined]
+    }
     scored: Counter[int] = Counter()
     resolved: Counter[int] = Counter()
     for event in events:

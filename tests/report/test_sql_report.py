@@ -80,6 +80,11 @@ def check_figures_match_the_events(db_url: str, train: list[Event]) -> None:
     infra = sum(e.data.outcome.is_infra_error for e in finished)  # type: ignore[attr-defined]
     assert drawn["infra_errors"].points == infra > 0
     assert drawn["stability"].points == drawn["step_time"].points == 4
+    reason = drawn["step_time"].notes[1]  # what the trainer waited for, with the rollouts meanwhile
+    assert (
+        reason.startswith("the trainer waited")
+        and "for groups not formed yet, with the CPU 95% busy" in reason
+    )
     tail = tail_figures(fold_episodes(by_trajectory(train).values())).tail_share
     assert drawn["long_tail"].notes[0].startswith(f"{tail:.1%} of rollout wall time")  # as `rollstream tail`
     waits = [e.data.queue_wait_s for e in train if e.type == "sandbox.ready"]  # type: ignore[attr-defined]

@@ -69,6 +69,14 @@ def _check_trajectories(engine: Engine, of_type: dict[type, list[Event]]) -> Non
         e.trajectory_id for t in (TrajectoryStarted, TestsRan, TrajectoryFinished) for e in of_type.get(t, [])
     }
     assert set(table) == ids
+    first_token = {  # a trajectory's weight version: its first generated token's
+        e.trajectory_id: e.data.output_versions[0] if len(e.data.output_versions) else e.data.weight_version
+        for e in of_type.get(TurnGenerated, [])
+        if isinstance(e.data, TurnGenerated) and e.data.turn == 1
+    }
+    assert {tid: row.start_policy_version for tid, row in table.items()} == {
+        tid: first_token.get(tid) for tid in table
+    }
     for event in of_type.get(TrajectoryStarted, []):
         row, data = table[event.trajectory_id], event.data
         assert isinstance(data, TrajectoryStarted)
@@ -96,6 +104,7 @@ def _check_trajectories(engine: Engine, of_type: dict[type, list[Event]]) -> Non
             data.times.total_s,
         )
         assert row.run_id == event.run_id and row.group_id == event.group_id and row.task_id == event.task_id
+        assert row.end_policy_version == event.policy_version
 
 
 def _check_turns_and_tools(engine: Engine, of_type: dict[type, list[Event]]) -> None:

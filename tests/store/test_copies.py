@@ -124,7 +124,12 @@ def test_migration_0003_carries_existing_rows_and_keys_events_by_copy(db_url: st
     assert isinstance(previous, str)
     engine = create_store_engine(db_url)
     upgrade(engine, previous)
-    first, late = at_positions([rerun + others, killed])
+    # as a sink of that revision stored them: v1 rollout events, version 0 before the first turn
+    written_then = [
+        e.model_copy(update={"schema_version": 1, "policy_version": e.policy_version or 0})
+        for e in rerun + others
+    ]
+    first, late = at_positions([written_then, killed])
     write(engine, [first])
     tables = ("events", *PROJECTIONS, "consumer_offsets")
     before = snapshot(engine, tables)

@@ -21,6 +21,7 @@ from streams.payloads import (
     Payload,
     RolloutRequested,
     SandboxReady,
+    StepTimes,
     TrainerStep,
     TrajectoryFinished,
     TrajectoryStarted,
@@ -127,6 +128,39 @@ def test_the_fold_counts_a_run_once_whatever_is_read_twice_or_belongs_elsewhere(
     assert view.versions == {1: 1}
     assert view.waits["rollout slots"].total_s == 3.0 and view.waits["rollout slots"].count == 3
     assert view.binding_cap() == "rollout slots"  # 3 s waiting for slots vs 1 s sandbox, 1 s engine
+
+
+def test_the_screen_says_what_the_trainer_waited_for() -> None:
+    """Before a step: what there is to train on. Steps that waited 60% of their time for groups while
+    all 4 slots ran rollouts: the slots bind; the same waits with the machine's CPU 95% busy: the
+    CPU the rollouts share binds."""
+    before = RunView(RUN, slots=4)
+    for event in run_events():
+        if not isinstance(event.data, TrainerStep):
+            before.apply(event)
+    console = Console(width=400, record=True)
+    console.print(render_run(before))
+    assert "trainer: no step yet; groups kept 1, dropped 1 zero_variance" in console.export_text()
+
+    started = TrajectoryStarted(attempt=0, group_size=4, limits=Limits())
+    running = [_event(started, 0, tid=f"t{i}") for i in range(4)]  # never finish here
+    for cpu, says in (
+        (0.4, "every rollout slot busy (4.0 rollouts in flight of 4 slots)"),
+        (0.95, "CPU 95% busy"),
+    ):
+        times = StepTimes(
+            wait_s=6.0, wait_groups_s=5.5, wait_trajectories_s=0.2, wait_cpu_busy=cpu, total_s=10.0
+        )
+        steps = [_event(_step(i).model_copy(update={"times": times}), i, at_s=10.0 * i + 10) for i in (1, 2)]
+        view = RunView(RUN, slots=4)
+        for event in running + steps:
+            view.apply(event)
+        console = Console(width=400, record=True)
+        console.print(render_run(view))
+        text = console.export_text()
+        assert "the trainer waited 60% of its step time, mostly for groups not formed yet" in text
+        assert says in text, text
+        assert f"6.0s: groups 5.5, traj 0.2, cpu {cpu:.0%}" in text
 
 
 def test_the_binding_cap_follows_where_the_waiting_is() -> None:

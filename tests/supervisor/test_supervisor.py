@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -113,3 +114,33 @@ def test_stop_ends_every_child_and_what_it_started(kafka_config: Config, tmp_pat
     watch.stop()
     assert len([c for c in watch.descendants() if "rollstream" in c]) >= 2
     watch.assert_none_left(grace_s=0.5)
+
+
+def test_stop_stops_the_latest_started_first_each_before_the_next(
+    kafka_config: Config, tmp_path: Path
+) -> None:
+    """What started later may use what started earlier (a rollout worker draining its episodes, the
+    engine they call): the earlier child gets SIGTERM only once the later one is gone. The later one
+    is SIGSTOPped here, so it is gone only after `stop_timeout_s` and a SIGKILL; stopped together,
+    the earlier one (which exits within a second of SIGTERM) would be gone first."""
+    settings = FAST.model_copy(update={"stop_timeout_s": 3.0})
+    sup = Supervisor(tmp_path / "logs", child_args(kafka_config), settings)
+    gone_at: dict[str, float] = {}
+    with sup:
+        pids = {name: sup.start(name, ["worker"]).pid for name in ("earlier", "later")}
+        wait_for(lambda: beating(sup, "earlier") and beating(sup, "later"), "both workers' heartbeats")
+        os.kill(pids["later"], signal.SIGSTOP)
+        watcher = threading.Thread(target=record_exits, args=(pids, gone_at), daemon=True)
+        watcher.start()
+    watcher.join(timeout=30)
+    assert set(gone_at) == {"earlier", "later"}
+    assert gone_at["later"] < gone_at["earlier"], gone_at
+    assert one(sup, "later").last_exit == -signal.SIGKILL and one(sup, "earlier").last_exit == 0
+
+
+def record_exits(pids: dict[str, int], gone_at: dict[str, float]) -> None:
+    while len(gone_at) < len(pids):
+        for name, pid in pids.items():
+            if name not in gone_at and gone(pid):
+                gone_at[name] = time.monotonic()
+        time.sleep(0.02)

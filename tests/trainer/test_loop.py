@@ -153,4 +153,8 @@ def test_a_run_on_kafka_publishes_versions_and_steps(config_factory: Callable[..
     assert first.tokens == 3 * spec.group_size * (spec.prompt_tokens + spec.output_tokens)  # type: ignore[attr-defined]
     assert first.mean_logprob_diff > 0 and 0 < first.ess <= 1 and first.grad_norm > 0  # type: ignore[attr-defined]
     assert first.times.update_s > 0 and first.times.publish_s > 0  # type: ignore[attr-defined]
+    for step in steps:  # what the waits were for: its groups were there, their trajectories read after
+        times = step.times  # type: ignore[attr-defined]
+        assert times.wait_trajectories_s > 0 and times.wait_cpu_busy is not None
+        assert times.wait_groups_s + times.wait_trajectories_s <= times.wait_s
     assert (first.staleness_max, steps[1].staleness_max, steps[1].staleness_mean) == (0, 1, 1.0)  # type: ignore[attr-defined]
