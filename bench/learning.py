@@ -23,10 +23,12 @@ SFT >= base + 15 points, RL >= SFT + 8 points and >= 2 standard errors, within 9
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -48,6 +50,8 @@ from rollstream.learning import (
     prepare,
     start_rl_processes,
 )
+from rollstream.run_progress import wait_for_sink
+from rollstream.run_summary import summarise_run
 from rollstream.supervisor import ProcessExitedError, Supervisor
 
 
@@ -108,6 +112,26 @@ def _run(cfg: Config, paths: LearningPaths, config_args: list[str], run: str) ->
         )
         return result
 
+    with Supervisor(logs, config_args, cfg.supervisor) as services:
+        services.start("sink", ["sink"])  # every run's events into SQL, for the report at the end
+        figures = _phases(cfg, paths, config_args, run, evaluate, timings)
+        for name in (run, f"{run}-eval-base", f"{run}-eval-sft", f"{run}-eval-rl"):
+            asyncio.run(wait_for_sink(cfg, name, services, timeout_s=300.0))
+    report = summarise_run(cfg, run, cfg.state_dir / "runs" / run / "report")
+    console.print(f"report: {report}")
+    return figures
+
+
+def _phases(
+    cfg: Config,
+    paths: LearningPaths,
+    config_args: list[str],
+    run: str,
+    evaluate: Callable[[Path, str], EvalResult],
+    timings: dict[str, float],
+) -> dict:
+    """Base eval, expert rollouts and SFT, SFT eval, RL (run id `run`), RL eval: the JSON figures."""
+    logs = cfg.state_dir / "runs" / run / "logs"
     base = evaluate(paths.base_model, "base")
     t0 = time.monotonic()
     with Supervisor(logs, config_args, cfg.supervisor) as pipeline:
@@ -116,7 +140,7 @@ def _run(cfg: Config, paths: LearningPaths, config_args: list[str], run: str) ->
     timings["expert_and_sft_s"] = round(time.monotonic() - t0, 1)
     sft = evaluate(sft_model, "sft")
     t0 = time.monotonic()
-    rl_run = f"{run}-rl"
+    rl_run = run  # the report of `run` shows it with its evaluations `run-eval-*`
     with Supervisor(logs, config_args, cfg.supervisor) as pipeline:
         start_rl_processes(cfg, paths, rl_run, sft_model, cfg.learning.rl_steps, pipeline, with_sink=False)
         progress = asyncio_run_feed(cfg, paths, rl_run, pipeline)
@@ -152,8 +176,6 @@ def _run(cfg: Config, paths: LearningPaths, config_args: list[str], run: str) ->
 
 
 def asyncio_run_feed(cfg: Config, paths: LearningPaths, run_id: str, pipeline: Supervisor):  # type: ignore[no-untyped-def]
-    import asyncio
-
     last = [-1]
 
     def show(progress) -> None:  # type: ignore[no-untyped-def]

@@ -21,6 +21,7 @@ import numpy as np
 from rollstream.report.queries import (
     INFRA_PREFIX,
     TRAJECTORY_PARTS,
+    EvalRow,
     RunRows,
     StepRow,
     TimeRow,
@@ -56,6 +57,7 @@ class Series:
     x: list[float]  # category index for bars/stacked, value for lines/curve/hist (bin centre)
     y: list[float]
     axis: int = 0  # 1: the right-hand axis (lines)
+    errors: list[float] = field(default_factory=list)  # error bars (bars), one per value
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,40 @@ def pass1_by_version(versions: list[VersionRow]) -> Figure:
         points=len(scored),
         empty_reason="no scored trajectories",
         notes=notes,
+    )
+
+
+def heldout_pass1(evaluations: list[EvalRow]) -> Figure:
+    """pass@1 of each evaluated model (base, SFT, RL, or before/after), by weight version, with its
+    standard error over tasks; pass@1 is the mean over tasks of each task's success rate."""
+    by_name: dict[str, list[EvalRow]] = defaultdict(list)
+    for row in evaluations:
+        by_name[row.name].append(row)
+    versions = {
+        name: min((r.version for r in rows if r.version is not None), default=None)
+        for name, rows in by_name.items()
+    }
+    categories, values, errors, notes = [], [], [], []
+    for name in sorted(by_name, key=lambda n: (versions[n] is not None, versions[n] or 0)):
+        rows, version = by_name[name], versions[name]
+        means = [r.resolved / r.attempts for r in rows if r.attempts]
+        pass1 = sum(means) / len(means)
+        error = statistics.stdev(means) / len(means) ** 0.5 if len(means) > 1 else 0.0
+        categories.append(f"{name} (v{version})" if version is not None else name)
+        values.append(pass1)
+        errors.append(error)
+        notes.append(f"{name}: {pass1:.3f} ± {error:.3f} over {len(means)} tasks")
+    return Figure(
+        key="heldout_pass1",
+        title="Held-out pass@1 of the evaluated models (± standard error over tasks)",
+        kind="bars",
+        xlabel="model (weight version)",
+        ylabel="pass@1",
+        series=[Series("pass@1", list(range(len(values))), values, errors=errors)],
+        points=len(values),
+        empty_reason="no evaluation runs named <run>-eval-* in the store",
+        categories=categories,
+        notes=["; ".join(notes)] if notes else [],
     )
 
 
@@ -329,6 +365,7 @@ def figures(rows: RunRows, settings: ReportSettings) -> list[Figure]:
     """Every figure of the report, in page order."""
     return [
         pass1_by_version(rows.versions),
+        heldout_pass1(rows.evaluations),
         outcome_shares(rows.outcomes),
         turns_histogram(rows.turns, settings),
         long_tail(rows.spans_ns, settings),

@@ -67,7 +67,7 @@ def _no_data(ax: Any, figure: Figure) -> None:
 def _bars(ax: Any, figure: Figure) -> None:
     series = figure.series[0]
     colours = [OUTCOME_COLOURS.get(family(c), PALETTE[0]) for c in figure.categories]
-    bars = ax.bar(series.x, series.y, color=colours)
+    bars = ax.bar(series.x, series.y, color=colours, yerr=series.errors or None, capsize=4)
     share = series.label == "share"
     ax.bar_label(bars, labels=[f"{v:.0%}" if share else f"{v:g}" for v in series.y], fontsize=8)
     _category_ticks(ax, figure.categories)

@@ -19,7 +19,7 @@ times as shares of trajectory wall time); the tests run these exact strings.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, case, func, select, text
@@ -107,6 +107,17 @@ class StepRow:
 
 
 @dataclass(frozen=True)
+class EvalRow:
+    """One task of one of the run's evaluations (`<run>-eval-<name>`): its attempts and successes."""
+
+    name: str  # the evaluation's name: base, sft, rl, before, after, ...
+    version: int | None  # weight version of the evaluated model (its tokens')
+    task_id: str
+    attempts: int
+    resolved: int
+
+
+@dataclass(frozen=True)
 class RunRows:
     """Everything the report shows about one run, as the store answered it."""
 
@@ -119,6 +130,7 @@ class RunRows:
     spans_ns: list[tuple[int, int]]  # (started_ns, finished_ns) per finished trajectory
     steps: list[StepRow]
     cap_waits_s: list[float]  # sandbox queue wait per sandbox that became ready
+    evaluations: list[EvalRow] = field(default_factory=list)  # held-out evaluations of the run's models
 
 
 def _finished(run_id: str) -> Any:
@@ -266,6 +278,29 @@ def cap_waits(conn: Connection, run_id: str) -> list[float]:
     return [float(wait) for (wait,) in conn.execute(stmt)]
 
 
+def evaluation_rows(conn: Connection, run_id: str) -> list[EvalRow]:
+    """Per task, the scored attempts of each evaluation run named `<run_id>-eval-<name>` (the demo's
+    before/after, bench learning's base/sft/rl); infrastructure errors are never scored."""
+    prefix = f"{run_id}-eval-"
+    scored = T.c.finished_ns.is_not(None) & T.c.outcome.not_like(f"{INFRA_PREFIX}%")
+    stmt = (
+        select(
+            T.c.run_id,
+            func.min(T.c.start_policy_version),
+            T.c.task_id,
+            func.count(),
+            func.sum(case((T.c.outcome == "resolved", 1), else_=0)),
+        )
+        .where(T.c.run_id.startswith(prefix, autoescape=True) & scored)
+        .group_by(T.c.run_id, T.c.task_id)
+        .order_by(func.min(T.c.started_ns))
+    )
+    return [
+        EvalRow(str(run)[len(prefix) :], None if v is None else int(v), str(task), int(n), int(ok))
+        for run, v, task, n, ok in conn.execute(stmt)
+    ]
+
+
 def run_rows(conn: Connection, run_id: str) -> RunRows:
     """Every query of the report, on one connection."""
     return RunRows(
@@ -278,6 +313,7 @@ def run_rows(conn: Connection, run_id: str) -> RunRows:
         spans_ns=spans(conn, run_id),
         steps=step_rows(conn, run_id),
         cap_waits_s=cap_waits(conn, run_id),
+        evaluations=evaluation_rows(conn, run_id),
     )
 
 

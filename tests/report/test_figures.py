@@ -102,3 +102,37 @@ def sql(statement: str, url: str) -> list[dict[str, object]]:
     result = runner.invoke(sql_app, [statement, "--db", url, "--format", "json"])
     assert result.exit_code == 0, result.output
     return list(json.loads(result.output))
+
+
+def test_the_runs_evaluations_are_shown_with_their_standard_errors(db_url: str) -> None:
+    """`<run>-eval-<name>` runs in the store are the run's held-out evaluations: one bar each, its pass@1
+    the mean over tasks of each task's success rate, its error bar the standard error over tasks."""
+    from rollstream.report.figures import heldout_pass1
+    from rollstream.report.queries import evaluation_rows
+    from streams.store import open_readonly
+
+    before, after = eval_run(f"{TRAIN}-eval-sft", version=1, seed=3), eval_run(f"{TRAIN}-eval-rl", version=9)
+    write_in_batches(db_url, positioned(training_run(TRAIN) + before + after + eval_run(EVAL)))
+    with open_readonly(db_url).connect() as conn:
+        rows = evaluation_rows(conn, TRAIN)
+    assert {r.name for r in rows} == {"sft", "rl"}  # not `eval-run`, another run's evaluation
+    figure = heldout_pass1(rows)
+    assert figure.categories == ["sft (v1)", "rl (v9)"]
+    for events, value, error in zip(
+        (before, after), figure.series[0].y, figure.series[0].errors, strict=True
+    ):
+        per_task = task_success(events)
+        assert abs(value - sum(per_task) / len(per_task)) < 1e-12
+        assert error > 0 or len(set(per_task)) == 1
+    assert heldout_pass1([]).points == 0
+
+
+def task_success(events: list) -> list[float]:
+    """Each task's success rate over its scored attempts, from the events (infra errors unscored)."""
+    from collections import defaultdict
+
+    attempts: dict[str, list[bool]] = defaultdict(list)
+    for event in events:
+        if event.type == "trajectory.finished" and not str(event.data.outcome).startswith("infra_error"):
+            attempts[event.task_id].append(str(event.data.outcome) == "resolved")
+    return [sum(v) / len(v) for v in attempts.values()]

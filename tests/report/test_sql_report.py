@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / ".rollstream" / "test-artifacts" / "report"
 FIGURES = {
     "pass1_by_version",
+    "heldout_pass1",
     "outcomes",
     "turns",
     "long_tail",
@@ -43,7 +44,7 @@ FIGURES = {
     "infra_errors",
     "cap_waits",
 }
-EVAL_EMPTY = {"step_time", "stability", "infra_errors"}
+EVAL_EMPTY = {"step_time", "stability", "infra_errors", "heldout_pass1"}
 
 runner = CliRunner()
 app = typer.Typer()
@@ -61,7 +62,8 @@ def test_report_from_the_store_renders_in_chromium(
 ) -> None:
     config = config_factory(f'db.url="{db_url}"')
     train, evaluation = training_run(TRAIN), eval_run(EVAL)
-    produce(config, train + evaluation)
+    held_out = eval_run(f"{TRAIN}-eval-base", version=0, seed=5) + eval_run(f"{TRAIN}-eval-rl", version=4)
+    produce(config, train + evaluation + held_out)
     run_sink_until_idle(config, db_url, tmp_path / "sink.log")
     backend = db_url.split(":", 1)[0].split("+", 1)[0]
     check_figures_match_the_events(db_url, train)
@@ -80,6 +82,7 @@ def check_figures_match_the_events(db_url: str, train: list[Event]) -> None:
     infra = sum(e.data.outcome.is_infra_error for e in finished)  # type: ignore[attr-defined]
     assert drawn["infra_errors"].points == infra > 0
     assert drawn["stability"].points == drawn["step_time"].points == 4
+    assert drawn["heldout_pass1"].categories == ["base (v0)", "rl (v4)"]
     reason = drawn["step_time"].notes[1]  # what the trainer waited for, with the rollouts meanwhile
     assert (
         reason.startswith("the trainer waited")
