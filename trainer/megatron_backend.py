@@ -2,9 +2,13 @@
 
 Contract. `MegatronBackend(model, settings, lr=...)` takes the same arguments as `TorchBackend`
 (a `PolicyModel` with HF parameter names, the trainer settings, the learning rate), builds a
-megatron-core `GPTModel` of the same architecture (RMSNorm, SwiGLU, grouped-query attention,
-rotary embeddings in Llama's rotate-half convention, untied output layer) with the Transformer
-Engine layer spec, loads the weights through `trainer.megatron_convert.hf_to_megatron`, and
+megatron-core `GPTModel` of the same architecture with the Transformer Engine layer spec
+(RMSNorm, SwiGLU, grouped-query attention, rotary embeddings in Llama's rotate-half convention;
+per family: q/k/v biases as `add_qkv_bias`, Qwen3's per-head q/k norm as `qk_layernorm`, a
+`head_dim` other than hidden / heads as `kv_channels`, tied embeddings as
+`share_embeddings_and_output_weights`, rope scaling as `gpt_model_kwargs` says; what megatron
+cannot express is refused by `trainer.megatron_convert.check_supported` before anything is
+built), loads the weights through `trainer.megatron_convert.hf_to_megatron`, and
 trains it with the very step functions the torch backend runs (`trainer.step.rl_step` /
 `sft_step`, hence the same loss of `trainer.loss`, micro-batching and clipping): the GPTModel
 is wrapped so that `model(input_ids)` returns (B, T, V) logits like `PolicyModel`.
@@ -38,7 +42,7 @@ from torch import nn
 
 from trainer.backends import restore_rng_states, rng_states, seed_everything
 from trainer.batch import TrainSample
-from trainer.megatron_convert import EXTRA_STATE_SUFFIX, hf_to_megatron, megatron_to_hf
+from trainer.megatron_convert import EXTRA_STATE_SUFFIX, check_supported, hf_to_megatron, megatron_to_hf
 from trainer.model import ModelConfig, PolicyModel
 from trainer.settings import TrainerSettings
 from trainer.step import SftSequence, StepMetrics, make_optimizer, rl_step, sft_step
@@ -69,7 +73,9 @@ def require_megatron() -> ModuleType:
 
 
 def transformer_config_kwargs(config: ModelConfig) -> dict[str, Any]:
-    """megatron-core `TransformerConfig` fields for our architecture (no dropout, no biases, fp32)."""
+    """megatron-core `TransformerConfig` fields for `config` (no dropout, fp32); ConversionError for
+    what megatron cannot express (`trainer.megatron_convert.check_supported`)."""
+    check_supported(config)
     return {
         "num_layers": config.num_layers,
         "hidden_size": config.hidden_size,
@@ -81,8 +87,10 @@ def transformer_config_kwargs(config: ModelConfig) -> dict[str, Any]:
         "layernorm_epsilon": config.rms_norm_eps,
         "gated_linear_unit": True,
         "activation_func": F.silu,
-        "add_bias_linear": False,
-        "add_qkv_bias": False,
+        # check_supported allows q/k/v biases alone (Qwen2) or biases on every linear layer.
+        "add_bias_linear": config.o_bias and config.mlp_bias,
+        "add_qkv_bias": config.qkv_bias,
+        "qk_layernorm": config.qk_norm,  # Qwen3: RMSNorm of each head's q and k, eps as above
         "hidden_dropout": 0.0,
         "attention_dropout": 0.0,
         "bias_activation_fusion": False,
@@ -123,23 +131,42 @@ def _init_distributed(seed: int) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
+def gpt_model_kwargs(config: ModelConfig) -> dict[str, Any]:
+    """`GPTModel` arguments for `config` besides its config and spec: sizes, tying and rotary.
+
+    Rope scaling (megatron-core 0.16.1 models/common/embeddings/rotary_pos_embedding.py):
+    `linear` divides every frequency by `factor`, which is GPTModel's `seq_len_interpolation_factor`
+    (positions divided by it); `llama3` is `rope_scaling=True` with `rope_scaling_factor`, its other
+    three parameters fixed (`check_supported` refuses other values)."""
+    check_supported(config)
+    scaling = config.rope_scaling
+    llama3 = scaling is not None and scaling.kind == "llama3"
+    linear = scaling is not None and scaling.kind == "linear"
+    return {
+        "vocab_size": config.vocab_size,
+        "max_sequence_length": config.max_position,
+        "pre_process": True,
+        "post_process": True,
+        "parallel_output": False,
+        "share_embeddings_and_output_weights": config.tie_word_embeddings,
+        "position_embedding_type": "rope",
+        "rotary_percent": 1.0,
+        "rotary_base": config.rope_theta,
+        "rope_scaling": llama3,
+        "rope_scaling_factor": scaling.factor if scaling is not None and llama3 else 8.0,
+        "seq_len_interpolation_factor": scaling.factor if scaling is not None and linear else None,
+    }
+
+
 def build_gpt_model(config: ModelConfig) -> nn.Module:
-    """megatron-core's GPTModel of our architecture, TE layer spec, on the current device."""
+    """megatron-core's GPTModel of `config`'s architecture, TE layer spec, on the current device."""
     transformer_config = importlib.import_module("megatron.core.transformer.transformer_config")
     specs = importlib.import_module("megatron.core.models.gpt.gpt_layer_specs")
     gpt = importlib.import_module("megatron.core.models.gpt.gpt_model")
     return gpt.GPTModel(
         config=transformer_config.TransformerConfig(**transformer_config_kwargs(config)),
-        transformer_layer_spec=specs.get_gpt_layer_with_transformer_engine_spec(),
-        vocab_size=config.vocab_size,
-        max_sequence_length=config.max_position,
-        pre_process=True,
-        post_process=True,
-        parallel_output=False,
-        share_embeddings_and_output_weights=False,
-        position_embedding_type="rope",
-        rotary_percent=1.0,
-        rotary_base=config.rope_theta,
+        transformer_layer_spec=specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=config.qk_norm),
+        **gpt_model_kwargs(config),
     )
 
 
@@ -175,6 +202,7 @@ class MegatronBackend:
     def __init__(
         self, model: PolicyModel, settings: TrainerSettings, *, lr: float, temperature: float = 1.0
     ) -> None:
+        check_supported(model.config)  # the model first: a refusal needs no GPU to be seen
         require_megatron()
         self.temperature = temperature
         self.config = model.config
