@@ -288,6 +288,18 @@ class DockerApi:
         code = info.get("ExitCode")
         return int(code) if code is not None else None
 
+    async def container_logs(self, container_id: str, tail: int) -> str:
+        """The last `tail` lines the container's PID 1 wrote (stdout and stderr together)."""
+        params = {"stdout": "true", "stderr": "true", "tail": str(tail)}
+        response = await self.request("GET", f"/containers/{container_id}/logs", params=params)
+        pieces: list[bytes] = []
+
+        async def body() -> AsyncIterator[bytes]:
+            yield response.content
+
+        await demux_frames(body(), lambda _stream, data: pieces.append(data))
+        return b"".join(pieces).decode(errors="replace")
+
     async def put_archive(self, container_id: str, path: str, tar_bytes: bytes) -> None:
         await self.request(
             "PUT",
