@@ -54,9 +54,10 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from sandboxes.base import BackendUnavailableError, PullGate
-from sandboxes.docker_api import DockerApi, DockerApiError, DockerUnreachableError
+from sandboxes.docker_api import DockerApi, DockerApiError, DockerUnreachableError, unix_socket_path
 from sandboxes.docker_channel import Channel, EngineChannel
 from sandboxes.docker_helper import helper_binary
 from sandboxes.docker_helper_channel import HelperChannel, new_channel_dir
@@ -75,6 +76,7 @@ START_HINT = (
     "start podman's Docker-compatible API with `.venv/bin/python -m rollstream.launcher.podman up` "
     "(it prints the socket) and set sandbox.docker.base_url to it, or point it at a Docker engine"
 )
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 WaitRecorder = Callable[[str, float], None]
 
 
@@ -90,6 +92,20 @@ def resolve_base_url(configured: str) -> str:
     raise BackendUnavailableError(
         f"no docker API configured, none at {', '.join(DEFAULT_SOCKETS)}; {START_HINT}", backend=BACKEND
     )
+
+
+def require_local_engine(base_url: str) -> None:
+    """The helper channel bind-mounts host directories: the engine must run on this host."""
+    if unix_socket_path(base_url) is not None:
+        return
+    host = urlsplit(base_url.replace("tcp://", "http://")).hostname or ""
+    if host not in LOCAL_HOSTS:
+        raise BackendUnavailableError(
+            f"sandbox.docker.channel = 'helper' bind-mounts directories of this host into each container, "
+            f"so the engine must run here, not at {base_url}; set sandbox.docker.channel = 'engine' for a "
+            "remote engine (an engine exec per command)",
+            backend=BACKEND,
+        )
 
 
 def default_channel_root() -> Path:
@@ -172,6 +188,7 @@ class DockerSandboxFactory:
                 f"docker API at {base_url}: {error}; {START_HINT}", backend=BACKEND
             ) from None
         if docker.channel == "helper":
+            require_local_engine(base_url)
             self._helper = await asyncio.to_thread(helper_binary, docker)
             await asyncio.to_thread(remove_stale_workspaces, self.channel_root)
         return api
@@ -245,12 +262,17 @@ class DockerSandboxFactory:
         }
 
     def sandbox_body(self, image: str, changes: dict[str, Any]) -> dict[str, Any]:
-        """`container_body` with a channel's changes: its PID 1 command and its bind mounts."""
+        """`container_body` with a channel's changes (its PID 1 command, its bind mounts) and,
+        for the default image through the helper, the workspace in memory (`workspace_in_memory`)."""
+        docker = self.settings.docker
         body, changes = self.container_body(image), dict(changes)
         binds = changes.pop("Binds", None)
         body.update(changes)
         if binds:
             body["HostConfig"]["Binds"] = binds
+        if docker.workspace_in_memory and docker.channel == "helper" and image == docker.image:
+            size = self.settings.limits.memory_mb  # the cgroup caps it anyway: tmpfs pages are charged to it
+            body["HostConfig"]["Tmpfs"] = {docker.workdir: f"rw,exec,nosuid,nodev,size={size}m,mode=755"}
         return body
 
     async def aclose(self) -> None:

@@ -16,14 +16,13 @@ import logging
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandboxes.base import ExecResult, SandboxLostError, SandboxStartError, SandboxTimeoutError, Timings
 from sandboxes.docker_api import DockerApi, DockerApiError, DockerUnreachableError
 from sandboxes.docker_channel import Channel, ChannelError, ChannelRefused, ChannelSilent
-from sandboxes.transfer import extract_download, tar_directory, tar_path
+from sandboxes.transfer import extract_download, pack_tree
 from sandboxes.workspace import count_entries
 
 if TYPE_CHECKING:
@@ -106,7 +105,7 @@ class DockerSandbox:
             self.container_id = await api.create_container(body, name=self._name)
             await api.start_container(self.container_id)
         await self._channel.open(self.container_id)
-        await self._channel.put(await self._packed(tar_directory, self._workspace, self._docker.workdir))
+        await self._channel.put(await self._packed(self._workspace, self._docker.workdir.strip("/")))
 
     async def _start_failure(self, error: Exception) -> str:
         """The error, with what the container's own output says when it ran at all."""
@@ -118,7 +117,7 @@ class DockerSandbox:
         """Give a sandbox started without a workspace (a warm one) its workspace now."""
         channel = self._require_running()
         self._check_workspace(workspace)
-        archive = await self._packed(tar_directory, workspace, self._docker.workdir)
+        archive = await self._packed(workspace, self._docker.workdir.strip("/"))
         try:
             await channel.put(archive)
         except ChannelError as error:
@@ -152,7 +151,7 @@ class DockerSandbox:
         target = self._absolute(remote)
         if not local.exists():
             raise FileNotFoundError(f"upload source {local} does not exist")
-        archive = await self._packed(tar_path, local, target.lstrip("/"))
+        archive = await self._packed(local, target.lstrip("/"))
         try:
             await channel.put(archive)
         except ChannelError as error:
@@ -185,12 +184,13 @@ class DockerSandbox:
         if workspace is not None and not workspace.is_dir():
             raise SandboxStartError(f"workspace {workspace} is not a directory", backend=BACKEND)
 
-    async def _packed(self, pack: Callable[..., bytes], source: Path | None, name: str) -> bytes:
-        """A tar of `source`: small ones on the event loop (threads convoy on the GIL under load)."""
+    async def _packed(self, source: Path | None, name: str) -> bytes:
+        """A tar of `source` named `name`: small trees on the event loop (threads convoy on the GIL
+        under load), large ones on a thread."""
         limit = self._docker.inline_tar_max_entries
         if source is None or not source.is_dir() or count_entries(source, limit + 1) <= limit:
-            return pack(source, name)
-        return await asyncio.to_thread(pack, source, name)
+            return pack_tree(source, name)
+        return await asyncio.to_thread(pack_tree, source, name)
 
     def _absolute(self, remote: str) -> str:
         return remote if remote.startswith("/") else f"{self._docker.workdir.rstrip('/')}/{remote}"

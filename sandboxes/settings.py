@@ -102,6 +102,12 @@ class DockerSettings(Frozen):
         description="container creates+starts and removals in flight at the engine (cap 'container_engine'): "
         "warm refills and cold starts queue here, so the engine is not swamped into slower starts",
     )
+    workspace_in_memory: bool = Field(
+        default=True,
+        description="the default image's workdir is a tmpfs (counted in limits.memory_mb), as bwrap keeps "
+        "workspaces in /dev/shm: on a loaded disk each file a handoff unpacks costs ~1 ms; images asked "
+        "for per task keep what they have at workdir; channel = 'helper' only",
+    )
     inline_tar_max_entries: int = Field(
         default=500, description="workspaces this small are packed on the event loop, larger ones on a thread"
     )

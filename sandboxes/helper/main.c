@@ -216,6 +216,10 @@ int main(int argc, char **argv) {
         fputs("usage: rollstream-exec --connect SOCKET --token TOKEN\n", stderr);
         return 2;
     }
+    if (getpid() != 1) { /* after a timeout it kills every process it may: only ever inside its own PID namespace */
+        fputs("rollstream-exec: must run as PID 1 of its container (or of a PID namespace)\n", stderr);
+        return 2;
+    }
     prctl(PR_SET_DUMPABLE, 0);
     sigset_t children;
     sigemptyset(&children);
