@@ -157,13 +157,16 @@ class HelperConnection:
         waiter: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = waiter
         try:
-            async with self._write_lock:
-                now = time.monotonic()
-                wait_s += max(0.0, self._busy_until - now)  # the helper finishes abandoned work first
-                self._busy_until = now + wait_s
-                self._writer.write(encode_frame({**header, "id": request_id}, payload))
-                await self._writer.drain()
-            reply = await asyncio.wait_for(waiter, wait_s)
+            async with asyncio.timeout(None) as deadline:
+                async with self._write_lock:
+                    now = time.monotonic()
+                    wait_s += max(0.0, self._busy_until - now)  # the helper finishes abandoned work first
+                    self._busy_until = now + wait_s
+                    # the drain too: a frozen helper reads no payload, and a full socket blocks it
+                    deadline.reschedule(asyncio.get_running_loop().time() + wait_s)
+                    self._writer.write(encode_frame({**header, "id": request_id}, payload))
+                    await self._writer.drain()
+                reply = await waiter
         except TimeoutError:
             raise ChannelSilent(f"no reply from the helper within {wait_s:.1f}s") from None
         except ConnectionError as error:

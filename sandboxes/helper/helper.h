@@ -59,7 +59,7 @@ int reply_error(int fd, long long id, const char *message, int error_number);
 struct keeper {
     size_t part;
     char *head, *ring;
-    size_t head_len, ring_len, ring_pos;
+    size_t head_len, head_cap, ring_len, ring_pos;
     uint64_t total;
 };
 void keeper_init(struct keeper *k, size_t part);

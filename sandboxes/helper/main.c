@@ -107,7 +107,8 @@ static void free_strings(char **strings) {
 
 static void stream_figures(struct buf *header, const char *name, const struct keeper *k, struct buf *payload) {
     size_t before = payload->len;
-    buf_add(payload, k->head, k->head_len);
+    if (k->head_len > 0)
+        buf_add(payload, k->head, k->head_len);
     keeper_tail(k, payload);
     buf_format(header, ",\"%s\":[%zu,%zu,%llu]", name, k->head_len, payload->len - before - k->head_len,
                (unsigned long long)k->total);

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.base import SandboxLostError
+from sandboxes.base import SandboxLostError, SandboxTimeoutError
 from sandboxes.docker import DockerSandbox, DockerSandboxFactory
 from sandboxes.docker_api import DockerApi
 from sandboxes.pool import SandboxPool
@@ -159,3 +159,23 @@ async def test_the_pool_replaces_a_warm_sandbox_whose_helper_died(
         async with pool.sandbox(tmp_path / "repo") as box:
             result = await box.exec("cat task.txt")
     assert result.stdout == "task\n"  # the dead warm one was dropped and another started
+
+
+async def test_a_large_upload_into_a_frozen_sandbox_times_out_instead_of_hanging(
+    make_factory: Callable[..., DockerSandboxFactory], raw_api: DockerApi, tmp_path: Path
+) -> None:
+    box = await started(make_factory(limits={"command_timeout_s": 2}, docker={"exec_grace_s": 1}))
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(32 << 20))  # far more than a socket buffer holds
+    try:
+        await raw_api.request("POST", f"/containers/{box.container_id}/pause")
+        began = time.monotonic()
+        with pytest.raises(SandboxTimeoutError, match="paused"):
+            await box.upload(big, "big.bin")
+        assert time.monotonic() - began < 15
+        await raw_api.request("POST", f"/containers/{box.container_id}/unpause")
+        assert (
+            await box.exec("wc -c < big.bin", timeout=60)
+        ).stdout == f"{32 << 20}\n"  # it arrived in the end
+    finally:
+        await box.stop()
