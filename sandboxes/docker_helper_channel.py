@@ -268,7 +268,7 @@ class HelperChannel:
         limits = self._settings.limits
         request = {
             "op": "exec",
-            "argv": ["sh", "-c", command],
+            "argv": ["/bin/sh", "-c", command],  # no PATH search: each miss is a lookup through the overlay
             "env": env,
             "cwd": cwd,
             "timeout_s": timeout_s,
