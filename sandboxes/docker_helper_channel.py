@@ -25,8 +25,10 @@ comes within a deadline (a paused or stuck sandbox), `ChannelRefused` when the h
 answers a request with an error (a path that does not exist).
 
 Files go through the helper too (`put`: a tar archive it extracts as it arrives; `get`: a
-tar archive of a path). Measured on a 41-file workspace against the engine's archive
-endpoints: see the README's docker paragraph.
+tar archive of a path), not the engine's archive endpoints: measured here on a 41-file
+workspace in one running container (load ~6), put 11 ms against the engine's 15 ms
+(both onto the container's disk; 0.5-2 ms into the in-memory workspace), get of one
+file 8 ms against 200 ms; and they keep the engine out of every handoff.
 """
 
 from __future__ import annotations
