@@ -30,7 +30,7 @@ Contract:
 - The engine's concurrency cap: container creates+starts and removals in flight are
   capped at `engine_concurrency` (cap `container_engine`); the waits are reported to the pool
   (`set_wait_recorder`), so a cold start that queues behind the engine says so on
-  `sandbox.ready`'s `cap_waits`.
+  `sandbox.ready`'s `cap_waits`, and they count as queue wait, not start time.
 - Warm pools: a sandbox started with no workspace takes one later (`attach_workspace`),
   through the channel: a handoff costs no engine call.
 - Starts: a transient engine error (5xx, dropped connection) is tried again, up to
@@ -210,17 +210,20 @@ class DockerSandboxFactory:
         await self.images.ensure(await self.api(), image)
 
     @contextlib.asynccontextmanager
-    async def engine_slot(self) -> AsyncIterator[None]:
-        """Hold one of the `engine_concurrency` slots; a wait is reported as cap `container_engine`."""
+    async def engine_slot(self) -> AsyncIterator[float]:
+        """Hold one of the `engine_concurrency` slots; yields the seconds waited for it, which are
+        reported as cap `container_engine`."""
+        waited = 0.0
         if self._engine_gate.locked():
             began = time.monotonic()
             await self._engine_gate.acquire()
+            waited = time.monotonic() - began
             if self._record_wait is not None:
-                self._record_wait(ENGINE_CAP, time.monotonic() - began)
+                self._record_wait(ENGINE_CAP, waited)
         else:
             await self._engine_gate.acquire()
         try:
-            yield
+            yield waited
         finally:
             self._engine_gate.release()
 

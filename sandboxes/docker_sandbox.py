@@ -62,6 +62,7 @@ class DockerSandbox:
         self._limits = factory.settings.limits
         self._channel: Channel | None = None
         self._stopped = False
+        self._engine_wait_s = 0.0  # waits for the engine cap during start
 
     async def start(self) -> None:
         """Create and start the container; a transient engine error is retried (counted in
@@ -93,7 +94,7 @@ class DockerSandbox:
             except BaseException:  # cancelled (the pool's start timeout): leave nothing behind
                 await asyncio.shield(self._discard())
                 raise
-        self.timings.start_s = time.monotonic() - began
+        self.timings.start_s = time.monotonic() - began - self._engine_wait_s
 
     async def _create_and_start(self, api: DockerApi, attempt: int) -> None:
         # A retry gets a new name: the failed try's container may not be gone yet.
@@ -101,7 +102,8 @@ class DockerSandbox:
         self._channel = self._factory.channel_for(self.id, self._state)
         await self._channel.prepare()
         body = self._factory.sandbox_body(self.image, self._channel.container_changes())
-        async with self._factory.engine_slot():
+        async with self._factory.engine_slot() as waited:
+            self._engine_wait_s += waited  # queueing, not starting: the pool counts it as queue wait
             self.container_id = await api.create_container(body, name=self._name)
             await api.start_container(self.container_id)
         await self._channel.open(self.container_id)
