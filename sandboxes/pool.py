@@ -266,29 +266,36 @@ class SandboxPool:
         detach_request_waits()  # started for no request in particular
         box: Sandbox | None = None
         try:
-            async with self._slots:
-                await self._slots.wait_for(lambda: self._running < self._caps.max_running or self._closed)
-                if self._closed:
-                    return
-                self._running += 1
-            try:
-                box = await self._start_new(None, image)
-            except SandboxError as error:
-                await self._free_slot()
-                log.warning("warm sandbox failed to start: %s", error)
-                await asyncio.sleep(WARM_RETRY_S)
-                return
-            except BaseException:
-                await self._free_slot()
-                raise
-        finally:
-            async with self._slots:
-                kept = self._warm.started(image, box)
-                self._slots.notify_all()
-        if not kept and box is not None:
-            await self._dispose(box)  # its image is no longer kept warm
+            box = await self._warm_box(image)
+        finally:  # shielded: a sandbox started as the pool closes is still stopped, never leaked
+            await asyncio.shield(self._shelve(image, box))
         if not self._closed:
             self._refill_warm()
+
+    async def _warm_box(self, image: str | None) -> Sandbox | None:
+        """A started sandbox for the warm shelves, or None (the pool closed, or the start failed)."""
+        async with self._slots:
+            await self._slots.wait_for(lambda: self._running < self._caps.max_running or self._closed)
+            if self._closed:
+                return None
+            self._running += 1
+        try:
+            return await self._start_new(None, image)
+        except SandboxError as error:
+            await self._free_slot()
+            log.warning("warm sandbox failed to start: %s", error)
+            await asyncio.sleep(WARM_RETRY_S)
+            return None
+        except BaseException:
+            await self._free_slot()
+            raise
+
+    async def _shelve(self, image: str | None, box: Sandbox | None) -> None:
+        async with self._slots:
+            kept = self._warm.started(image, None if self._closed else box)
+            self._slots.notify_all()
+        if not kept and box is not None:
+            await self._dispose(box)  # the pool closed, or its image is no longer kept warm
 
     async def _dispose(self, box: Sandbox) -> None:
         await self._stop_quietly(box)

@@ -88,3 +88,16 @@ def test_warm_shelves_share_the_refills_and_drop_the_least_recent_image() -> Non
     assert shelves.asked("b") == []  # "a" had no warm sandbox left to hand back
     assert not shelves.started("a", boxes[1])  # "a" is no longer kept: the caller stops it
     assert shelves.take("b", lambda _box: True) is None and shelves.count() == 0
+
+
+async def test_closing_while_warm_starts_are_in_flight_leaves_no_container(
+    make_factory: Callable[..., DockerSandboxFactory], raw_api: DockerApi
+) -> None:
+    factory = make_factory(pool={"warm_pool": 4, "max_running": 8})
+    label = [f"rollstream.sandbox.run={factory.run_id}"]
+    for delay_s in (0.05, 0.3, 0.6):  # cancelled before, during and after their containers exist
+        pool = SandboxPool(factory.settings, factory)
+        await pool.__aenter__()
+        await asyncio.sleep(delay_s)
+        await pool.close()
+        assert await raw_api.list_containers(label) == [], delay_s  # gone when close returns, not later
