@@ -91,6 +91,12 @@ async def test_results_streams_env_cwd_and_bytes(helper: Helper) -> None:
     too_long = await helper.channel.exec("#" + "x" * 200_000, timeout_s=30, cwd="/", env={})
     assert too_long.exit_code == 126 and "Argument list too long" in too_long.stderr
 
+    unicode = await helper.channel.exec("echo 'héllo ✓ 𝄞'", timeout_s=30, cwd="/", env={"NAME": "ü"})
+    assert unicode.stdout == "héllo ✓ 𝄞\n"  # JSON's \\u escapes, surrogate pairs included
+    raw = b"\xff\xfe".decode("utf-8", "surrogateescape")  # bytes that are not UTF-8, as Python carries them
+    carried = await helper.channel.exec(f"printf '%s' '{raw}' | od -An -tx1", timeout_s=30, cwd="/", env={})
+    assert carried.stdout.split() == ["ff", "fe"]
+
     killed = await helper.channel.exec("kill -9 $$", timeout_s=30, cwd="/", env={})
     assert killed.exit_code == 137 and not killed.timed_out
 
