@@ -11,13 +11,15 @@ so a handoff costs no engine call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import tempfile
 import time
 import uuid
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sandboxes.base import ExecResult, SandboxLostError, SandboxStartError, SandboxTimeoutError, Timings
 from sandboxes.docker_api import DockerApi, DockerApiError, DockerUnreachableError
@@ -35,6 +37,23 @@ RLIMIT_HINT = (
     "; the engine may not raise rlimits beyond its own (no CAP_SYS_RESOURCE, as under podman "
     "in a container): lower sandbox.docker.ulimit_nproc / ulimit_nofile below the engine's limits"
 )
+
+
+async def finish_despite_cancel(work: Coroutine[Any, Any, None]) -> None:
+    """Run `work` to its end even if the caller is cancelled meanwhile, then pass the cancel on.
+
+    A container create or start cut off on our side goes on in the engine; a removal sent
+    meanwhile raced it, and podman (4.3) was left with a container it lists but cannot
+    find ("container not known"), failing every later listing. So the create and start are
+    waited for, and the container they made is then removed by its id.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await task
+        raise
 
 
 def is_transient_start_error(error: DockerApiError | DockerUnreachableError) -> bool:
@@ -55,7 +74,6 @@ class DockerSandbox:
         self.timings = Timings()
         self.image = image
         self.container_id = ""
-        self._name = ""  # of the container being created: removable even if the create's answer is lost
         self._factory = factory
         self._workspace = workspace
         self._docker = factory.settings.docker
@@ -63,6 +81,7 @@ class DockerSandbox:
         self._channel: Channel | None = None
         self._stopped = False
         self._engine_wait_s = 0.0  # waits for the engine cap during start
+        self._discarding: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
         """Create and start the container; a transient engine error is retried (counted in
@@ -92,22 +111,25 @@ class DockerSandbox:
                     f"container for {self.image} did not start{tries}: {why}{hint}", backend=BACKEND
                 ) from None
             except BaseException:  # cancelled (the pool's start timeout): leave nothing behind
-                await asyncio.shield(self._discard())
+                await self._discard()
                 raise
         self.timings.start_s = time.monotonic() - began - self._engine_wait_s
 
     async def _create_and_start(self, api: DockerApi, attempt: int) -> None:
         # A retry gets a new name: the failed try's container may not be gone yet.
-        self._name = f"rollstream-{self.id}" if attempt == 1 else f"rollstream-{self.id}-{attempt}"
+        name = f"rollstream-{self.id}" if attempt == 1 else f"rollstream-{self.id}-{attempt}"
         self._channel = self._factory.channel_for(self.id, self._state)
         await self._channel.prepare()
         body = self._factory.sandbox_body(self.image, self._channel.container_changes())
         async with self._factory.engine_slot() as waited:
             self._engine_wait_s += waited  # queueing, not starting: the pool counts it as queue wait
-            self.container_id = await api.create_container(body, name=self._name)
-            await api.start_container(self.container_id)
+            await finish_despite_cancel(self._create_container(api, body, name))
         await self._channel.open(self.container_id)
         await self._channel.put(await self._packed(self._workspace, self._docker.workdir.strip("/")))
+
+    async def _create_container(self, api: DockerApi, body: dict[str, Any], name: str) -> None:
+        self.container_id = await api.create_container(body, name=name)
+        await api.start_container(self.container_id)
 
     async def _start_failure(self, error: Exception) -> str:
         """The error, with what the container's own output says when it ran at all."""
@@ -249,12 +271,24 @@ class DockerSandbox:
         return SandboxLostError(f"sandbox {self.id} ({state}) lost {doing}: {error}{report}", backend=BACKEND)
 
     async def _discard(self) -> None:
-        """Remove the container, then close the channel. A removal the engine fails is tried
-        again (`REMOVE_ATTEMPTS`); an engine that is gone took the container with it, and
-        what is left is removed by the next factory's leak cleanup once this process is gone."""
-        channel, self._channel = self._channel, None
+        """Remove the container, then close the channel. One discard at a time: a stop that comes
+        while a cancelled start's discard runs waits for that one (shielded from the cancel)."""
+        if self._discarding is None:
+            channel, target = self._channel, self.container_id
+            self._channel = None
+            self._discarding = asyncio.ensure_future(self._remove_and_close(target, channel))
+        discarding = self._discarding
+        try:
+            await asyncio.shield(discarding)
+        finally:
+            if discarding.done() and self._discarding is discarding:
+                self._discarding = None  # a retried start discards its next container afresh
+
+    async def _remove_and_close(self, target: str, channel: Channel | None) -> None:
+        """A removal the engine fails is tried again (`REMOVE_ATTEMPTS`); an engine that is gone
+        took the container with it, and what is left is removed by the next factory's leak
+        cleanup once this process is gone."""
         api = self._factory.connected_api
-        target, self._name = self.container_id or self._name, ""
         if target and api is not None:
             async with self._factory.engine_slot():
                 for attempt in range(1, REMOVE_ATTEMPTS + 1):

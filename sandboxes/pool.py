@@ -81,6 +81,7 @@ class SandboxPool:
         self._pulls = HourlyWindow(self._caps.image_pulls_per_h)
         self._warm = WarmShelves(self._caps.warm_pool, self._caps.warm_images, self._caps.warm_starting)
         self._warm_tasks: set[asyncio.Task[None]] = set()
+        self._finishing: set[asyncio.Future[None]] = set()  # shelving, stopping: close waits for them
         self._closed = False
         self._started = self._failed = self._handoffs = self._cold = 0
         if isinstance(factory, PullGated):
@@ -104,7 +105,7 @@ class SandboxPool:
         if image is not None and not isinstance(self.factory, ImageSandboxFactory):
             create_sandbox(self.factory, workspace, image)  # raises: says which backend runs images
         for dropped in self._warm.asked(image):
-            self._in_background(self._dispose(dropped))
+            self._finish_in_background(self._dispose(dropped))
         queued = time.monotonic()
         with request_waits() as waits:
             box = await self._acquire(workspace, image, queued)
@@ -144,6 +145,7 @@ class SandboxPool:
         for task in list(self._warm_tasks):
             task.cancel()
         await asyncio.gather(*self._warm_tasks, return_exceptions=True)
+        await asyncio.gather(*self._finishing, return_exceptions=True)
         for box in self._warm.drain():
             await self._dispose(box)
 
@@ -262,13 +264,20 @@ class SandboxPool:
         self._warm_tasks.add(task)
         task.add_done_callback(self._warm_tasks.discard)
 
+    def _finish_in_background(self, work: Coroutine[object, object, None]) -> asyncio.Future[None]:
+        """Work that must finish even as the pool closes (close waits for it instead of cancelling)."""
+        task = asyncio.ensure_future(work)
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
+        return task
+
     async def _start_warm(self, image: str | None) -> None:
         detach_request_waits()  # started for no request in particular
         box: Sandbox | None = None
         try:
             box = await self._warm_box(image)
-        finally:  # shielded: a sandbox started as the pool closes is still stopped, never leaked
-            await asyncio.shield(self._shelve(image, box))
+        finally:  # shielded, and awaited by close: a sandbox started as the pool closes is stopped
+            await asyncio.shield(self._finish_in_background(self._shelve(image, box)))
         if not self._closed:
             self._refill_warm()
 
