@@ -95,9 +95,12 @@ class EventSink(Protocol):
 
 
 class SandboxSource(Protocol):
-    """`sandboxes.pool.SandboxPool` (or anything with its `sandbox()`)."""
+    """`sandboxes.pool.SandboxPool` (or anything with its `sandbox()`); `image` is asked for only
+    by tasks that name one (`[environment] docker_image`)."""
 
-    def sandbox(self, workspace: Path | None) -> AbstractAsyncContextManager[Sandbox]: ...
+    def sandbox(
+        self, workspace: Path | None, image: str | None = None
+    ) -> AbstractAsyncContextManager[Sandbox]: ...
 
 
 Verifier = Callable[["Sandbox", "Task"], Awaitable["Verdict"]]
@@ -231,13 +234,19 @@ class Episode:
 
     # ---- sandbox ------------------------------------------------------------------
 
+    def _sandbox(self) -> AbstractAsyncContextManager[Sandbox]:
+        """The task's sandbox: over its workspace, in its own image when it names one."""
+        task, source = self.spec.task, self.services.sandboxes
+        image = task.environment.docker_image
+        return source.sandbox(task.workspace, image=image) if image else source.sandbox(task.workspace)
+
     async def _in_sandbox(self) -> Ending:
         backend = self.services.backend
         await self._emit(SandboxRequested(backend=backend))
         box: Sandbox | None = None
         ready_at = 0.0
         try:
-            async with self.services.sandboxes.sandbox(self.spec.task.workspace) as box:
+            async with self._sandbox() as box:
                 ready_at = time.monotonic()
                 await self._sandbox_ready(box)
                 return await self._episode(box)

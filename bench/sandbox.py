@@ -28,6 +28,12 @@ each kind is printed) and the run goes on. A start the backend had to try again
 `retried_starts` and `start_retries` count them. Percentiles of a phase with no
 successful sample are null.
 
+Docker only, the engine's own floor, in the same run (`bench/sandbox_engine.py`):
+`podman run --rm IMAGE true` at the same concurrency, as many as starts
+(`engine_run_p50_s`), and `cold_ratio` = cold start p50 / that p50: how far our cold
+start (container, helper, workspace, under the pool's and the engine's caps) is from
+what the engine takes for a container that does nothing.
+
 `--hold-s` (default 5 s) stands in for an episode, which in a real run holds
 its sandbox for minutes: shorter holds ask the warm pool to refill faster than
 a real run would. `load_avg_1m` is reported because the figures on a shared
@@ -53,6 +59,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench.figures import percentile
+from bench.sandbox_engine import EngineRuns, engine_run_argv, engine_runs
 from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
 from sandboxes.backends import BACKENDS, make_factory
 from sandboxes.base import Sandbox, SandboxError, SandboxFactory, Timings
@@ -211,6 +218,8 @@ class Measured:
     cold: StartSamples
     warm: StartSamples
     execs: ExecSamples
+    engine: EngineRuns | None = None  # docker: the engine's own floor, `run --rm IMAGE true`
+    load_avg_1m_start: float | None = None
 
     def failures_by_phase(self) -> dict[str, FailureTally]:
         return {
@@ -222,6 +231,7 @@ class Measured:
 
 async def measure(settings: SandboxSettings, plan: BenchPlan) -> Measured:
     """Run the three phases (exec, cold, warm handoff) with progress bars."""
+    load_start = round(os.getloadavg()[0], 2)
     factory = make_factory(settings)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with (
@@ -229,7 +239,9 @@ async def measure(settings: SandboxSettings, plan: BenchPlan) -> Measured:
         Progress(*columns, console=console, transient=True) as bars,
     ):
         repo = write_repo(Path(scratch))
+        engine_argv = engine_run_argv(settings) if settings.backend == "docker" else None
         phases = [("exec overhead", plan.exec_n), ("cold start", plan.n), ("warm handoff", plan.n)]
+        phases += [("engine run --rm", plan.n)] if engine_argv else []
         tick = {
             name: functools.partial(bars.advance, bars.add_task(name, total=total)) for name, total in phases
         }
@@ -237,15 +249,20 @@ async def measure(settings: SandboxSettings, plan: BenchPlan) -> Measured:
         execs = await exec_overhead(
             pool_variant(settings, 1, 0), factory, repo, plan.exec_n, tick["exec overhead"]
         )
+        engine = None
+        if engine_argv:
+            engine = await engine_runs(engine_argv, plan.n, plan.concurrency, tick["engine run --rm"])
         starts = {}
         for name, warm in (("cold start", 0), ("warm handoff", plan.warm)):
             variant = pool_variant(settings, plan.concurrency, warm)
             starts[name], details = await start_latencies(variant, factory, repo, plan, tick[name])
             console.print(f"{name}: {details}")
-    measured = Measured(starts["cold start"], starts["warm handoff"], execs)
+    measured = Measured(starts["cold start"], starts["warm handoff"], execs, engine, load_start)
     for phase, tally in measured.failures_by_phase().items():
         for kind, message in tally.examples.items():
             console.print(f"{phase} failure {kind} (x{tally.kinds[kind]}), first: {message}")
+    if engine is not None and engine.failures:
+        console.print(f"engine run --rm failed x{len(engine.failures)}, first: {engine.failures[0]}")
     return measured
 
 
@@ -265,6 +282,20 @@ def failure_figures(measured: Measured) -> dict[str, object]:
         "failures_by_phase": {phase: tally.count for phase, tally in by_phase.items()},
         "retried_starts": sum(1 for tries in attempts if tries > 1),
         "start_retries": sum(tries - 1 for tries in attempts),
+        "retries": sum(tries - 1 for tries in attempts),  # every try past the first, all phases
+    }
+
+
+def engine_figures(measured: Measured) -> dict[str, object]:
+    """The engine's floor and our cold start against it (docker; null elsewhere)."""
+    runs = measured.engine.latencies if measured.engine else []
+    floor = rounded_percentile(runs, 0.5)
+    cold = rounded_percentile(measured.cold.latencies, 0.5)
+    return {
+        "engine_run_p50_s": floor,
+        "engine_run_p99_s": rounded_percentile(runs, 0.99),
+        "engine_run_failures": len(measured.engine.failures) if measured.engine else None,
+        "cold_ratio": round(cold / floor, 3) if cold and floor else None,
     }
 
 
@@ -283,7 +314,8 @@ def figures(backend: str, plan: BenchPlan, measured: Measured) -> dict[str, obje
     warm_s, cold_s = measured.warm.latencies, measured.cold.latencies
     start_p50 = rounded_percentile(warm_s, 0.5)
     return {
-        "load_avg_1m": round(os.getloadavg()[0], 2),  # the machine is shared: read figures against it
+        "load_avg_1m_start": measured.load_avg_1m_start,  # the machine is shared: read figures against it
+        "load_avg_1m": round(os.getloadavg()[0], 2),
         "backend": backend,
         "concurrency": plan.concurrency,
         "n": plan.n,
@@ -295,6 +327,7 @@ def figures(backend: str, plan: BenchPlan, measured: Measured) -> dict[str, obje
         "cold_start_p50_s": rounded_percentile(cold_s, 0.5),
         "cold_start_p99_s": rounded_percentile(cold_s, 0.99),
         **exec_figures(measured.execs),
+        **engine_figures(measured),
         "ratio": round(E2B_START_MEDIAN_S / start_p50, 2) if start_p50 else None,
         **failure_figures(measured),
     }

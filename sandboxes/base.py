@@ -9,6 +9,7 @@ Queueing, start and every exec report their timing (`Timings`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -157,9 +158,37 @@ class PullGated(Protocol):
     def set_pull_gate(self, gate: PullGate) -> None: ...
 
 
+@runtime_checkable
+class WaitReporting(Protocol):
+    """A factory with caps of its own (docker: `container_engine`) that reports waits on them
+    to the pool, which counts them with its own caps (`sandboxes/caps.py`)."""
+
+    def set_wait_recorder(self, record: Callable[[str, float], None]) -> None: ...
+
+
+@runtime_checkable
+class ImageSandboxFactory(Protocol):
+    """A factory whose sandboxes run an image of the caller's choosing (docker)."""
+
+    def create_for_image(self, workspace: Path | None, image: str) -> Sandbox: ...
+
+
 class SandboxFactory(Protocol):
     """Makes an unstarted sandbox over a workspace (a task's repository directory)."""
 
     backend: str
 
     def create(self, workspace: Path | None) -> Sandbox: ...
+
+
+def create_sandbox(factory: SandboxFactory, workspace: Path | None, image: str | None) -> Sandbox:
+    """An unstarted sandbox over `workspace`, running `image` (None: the backend's default)."""
+    if image is None:
+        return factory.create(workspace)
+    if not isinstance(factory, ImageSandboxFactory):
+        raise SandboxStartError(
+            f"the {factory.backend} backend runs no container images (asked for {image}); "
+            'tasks with [environment] docker_image need sandbox.backend = "docker"',
+            backend=factory.backend,
+        )
+    return factory.create_for_image(workspace, image)

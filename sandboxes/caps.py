@@ -1,8 +1,10 @@
 """Cap bookkeeping for the sandbox pool: how long callers waited on each cap, and rate gates.
 
-Each cap the pool enforces (`running`, `starting`, `start_rate`, `image_pulls`)
-records the total and longest wait and how many callers had to wait, so a report
-can say which cap binds instead of blaming the GPUs. Inside `request_waits()` a
+Each cap the pool enforces (`running`, `starting`, `start_rate`, `image_pulls`), and
+each one a backend enforces and reports to it (`container_engine`: the docker backend's
+container creates+starts in flight, `sandbox.docker.engine_concurrency`), records
+the total and longest wait and how many callers had to wait, so a report can say
+which cap binds instead of blaming the GPUs. Inside `request_waits()` a
 request also collects its own share (the pool puts it on the sandbox's `Timings`,
 and the episode on `sandbox.ready`), so each event says which cap it waited on.
 """
@@ -17,7 +19,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-CAP_NAMES = ("running", "starting", "start_rate", "image_pulls")
+CAP_NAMES = ("running", "starting", "start_rate", "image_pulls", "container_engine")
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ sandbox layer's typed errors.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import re
@@ -47,6 +48,7 @@ from sandboxes.output import STDERR, OutputCollector
 API_VERSION = "v1.41"
 TAR_END_MARKER = bytes(2 * tarfile.BLOCKSIZE)  # two zero blocks end a tar archive
 EXIT_TRAILER = "[rollstream-exit:{nonce}:"
+LIST_ATTEMPTS = 3
 
 
 class DockerUnreachableError(Exception):
@@ -227,9 +229,20 @@ class DockerApi:
         return True
 
     async def list_containers(self, labels: list[str]) -> list[dict[str, Any]]:
+        """Containers with all of `labels`. podman (4.3) fails a listing with 500 `container not
+        known` when a container is removed while it lists: that is tried again."""
         filters = json.dumps({"label": labels})
-        response = await self.request("GET", "/containers/json", params={"all": "true", "filters": filters})
-        return list(response.json())
+        for attempt in range(LIST_ATTEMPTS):
+            try:
+                response = await self.request(
+                    "GET", "/containers/json", params={"all": "true", "filters": filters}
+                )
+                return list(response.json())
+            except DockerApiError as error:
+                if error.status != 500 or "not known" not in error.message or attempt == LIST_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(0.1 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     async def ensure_network(self, name: str, labels: dict[str, str]) -> None:
         """Create an internal (no route out) network once; concurrent creators are fine."""
@@ -287,6 +300,18 @@ class DockerApi:
         info = (await self.request("GET", f"/exec/{exec_id}/json")).json()  # the wrapper died too
         code = info.get("ExitCode")
         return int(code) if code is not None else None
+
+    async def container_logs(self, container_id: str, tail: int) -> str:
+        """The last `tail` lines the container's PID 1 wrote (stdout and stderr together)."""
+        params = {"stdout": "true", "stderr": "true", "tail": str(tail)}
+        response = await self.request("GET", f"/containers/{container_id}/logs", params=params)
+        pieces: list[bytes] = []
+
+        async def body() -> AsyncIterator[bytes]:
+            yield response.content
+
+        await demux_frames(body(), lambda _stream, data: pieces.append(data))
+        return b"".join(pieces).decode(errors="replace")
 
     async def put_archive(self, container_id: str, path: str, tar_bytes: bytes) -> None:
         await self.request(

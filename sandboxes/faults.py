@@ -34,6 +34,7 @@ import asyncio
 import hashlib
 import itertools
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from sandboxes.base import (
@@ -47,7 +48,9 @@ from sandboxes.base import (
     SandboxFactory,
     SandboxStartError,
     Timings,
+    WaitReporting,
     WorkspaceAttachable,
+    create_sandbox,
 )
 from sandboxes.settings import SandboxFaultSettings
 
@@ -171,23 +174,28 @@ class FaultySandboxFactory:
         self._starts = itertools.count()
 
     def create(self, workspace: Path | None) -> Sandbox:
-        box = self.inner.create(workspace)
+        return self._wrap(self.inner.create(workspace))
+
+    def create_for_image(self, workspace: Path | None, image: str) -> Sandbox:
+        return self._wrap(create_sandbox(self.inner, workspace, image))
+
+    def _wrap(self, box: Sandbox) -> Sandbox:
         kind = AttachableFaultySandbox if isinstance(box, WorkspaceAttachable) else FaultySandbox
         return kind(self, box, next(self._starts))
 
-
-class PullGatedFaultySandboxFactory(FaultySandboxFactory):
-    """A `FaultySandboxFactory` over a factory that pulls images under the pool's gate."""
-
     def set_pull_gate(self, gate: PullGate) -> None:
-        assert isinstance(self.inner, PullGated)
-        self.inner.set_pull_gate(gate)
+        """Passed on to a factory that pulls images (`PullGated`); others have nothing to gate."""
+        if isinstance(self.inner, PullGated):
+            self.inner.set_pull_gate(gate)
+
+    def set_wait_recorder(self, record: Callable[[str, float], None]) -> None:
+        """Passed on to a factory with caps of its own (`WaitReporting`)."""
+        if isinstance(self.inner, WaitReporting):
+            self.inner.set_wait_recorder(record)
 
 
 def with_faults(factory: SandboxFactory, faults: SandboxFaultSettings) -> SandboxFactory:
     """`factory` with `faults` injected, or `factory` itself when every rate is 0."""
     if not faults.active:
         return factory
-    if isinstance(factory, PullGated):
-        return PullGatedFaultySandboxFactory(factory, faults)
     return FaultySandboxFactory(factory, faults)

@@ -5,10 +5,13 @@ first and the last quarter of `output_limit_bytes` (so a test run's summary at t
 end survives next to its start); the middle is counted and dropped, never
 buffered, so a command printing gigabytes costs bandwidth, not memory.
 
-Container backends (docker, e2b) run each command as `timeout -s KILL T sh -c CMD`
-(`timeout_argv`): coreutils' timeout puts the command in its own process group and
-kills the whole group, itself included, when T passes — so a timeout shows as exit
-137 (or 124) after at least T seconds, which `exec_result` classifies.
+Backends that run commands through an engine's exec (e2b, docker with
+`channel = "engine"`) run each as `timeout -s KILL T sh -c CMD` (`timeout_argv`):
+coreutils' timeout puts the command in its own process group and kills the whole
+group, itself included, when T passes — so a timeout shows as exit 137 (or 124)
+after at least T seconds, which `exec_result` classifies. Docker's exec helper keeps
+head and tail itself, times commands out itself and says so; `kept_bytes` and
+`classified_result` turn its report into the same `ExecResult`.
 """
 
 from __future__ import annotations
@@ -53,10 +56,15 @@ class StreamKeeper:
             del self.tail[: max(0, len(self.tail) - self.part)]
 
     def kept(self) -> bytes:
-        cut = self.total - len(self.head) - len(self.tail)
-        if cut <= 0:
-            return bytes(self.head + self.tail)
-        return bytes(self.head) + f"\n[... {cut} bytes not kept ...]\n".encode() + bytes(self.tail)
+        return kept_bytes(bytes(self.head), bytes(self.tail), self.total)
+
+
+def kept_bytes(head: bytes, tail: bytes, total: int) -> bytes:
+    """What is shown of a stream of `total` bytes of which `head` and `tail` were kept."""
+    cut = total - len(head) - len(tail)
+    if cut <= 0:
+        return head + tail
+    return head + f"\n[... {cut} bytes not kept ...]\n".encode() + tail
 
 
 class OutputCollector:
@@ -89,14 +97,11 @@ def timeout_argv(command: str, limit_s: float) -> list[str]:
 def exec_result(code: int | None, output: OutputCollector, duration_s: float, limit_s: float) -> ExecResult:
     """The result of a command run under `timeout_argv`: a timeout, a kill, or its own exit."""
     timed_out = code in (TIMEOUT_EXIT, SIGKILL_EXIT) and duration_s >= limit_s * 0.98
-    killed_reason = "timeout" if timed_out else None
-    if code == SIGKILL_EXIT and not timed_out:
-        killed_reason = "memory"  # SIGKILL not sent by the command: the cgroup's OOM killer
-    elif code == SIGXCPU_EXIT:
-        killed_reason = "cpu"
-    kept = output.result()
-    if killed_reason is None and code != 0 and any(marker in kept.stderr for marker in PROCESS_MARKERS):
-        killed_reason = "processes"
+    return classified_result(code, output.result(), duration_s, timed_out)
+
+
+def classified_result(code: int | None, kept: ExecOutput, duration_s: float, timed_out: bool) -> ExecResult:
+    """An `ExecResult` naming the limit that ended the command, if one did (`killed_reason`)."""
     return ExecResult(
         exit_code=code,
         stdout=kept.stdout.decode(errors="replace"),
@@ -105,5 +110,17 @@ def exec_result(code: int | None, output: OutputCollector, duration_s: float, li
         timed_out=timed_out,
         output_bytes=kept.total_bytes,
         output_truncated=kept.truncated,
-        killed_reason=killed_reason,
+        killed_reason=killed_reason(code, timed_out, kept.stderr),
     )
+
+
+def killed_reason(code: int | None, timed_out: bool, stderr: bytes) -> str | None:
+    if timed_out:
+        return "timeout"
+    if code == SIGKILL_EXIT:
+        return "memory"  # SIGKILL not sent by the command nor for a timeout: the cgroup's OOM killer
+    if code == SIGXCPU_EXIT:
+        return "cpu"
+    if code != 0 and any(marker in stderr for marker in PROCESS_MARKERS):
+        return "processes"  # a process cap makes fork() fail rather than kill
+    return None

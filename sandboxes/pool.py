@@ -8,8 +8,13 @@ stops it. Caps (all in `PoolSettings`): `max_running` sandboxes alive at once
 `cap_wait_stats()`), and `stats()` counts running, starting, warm, started and
 failed sandboxes, so a report can say which cap binds.
 
+Backends with caps of their own report waits on them here too (`WaitReporting`;
+docker's `container_engine`), so they show with the pool's.
+
 Warm pool: with `warm_pool = N` the pool keeps N sandboxes started ahead, with
-empty workspaces, refilling at most `warm_starting` at a time so that refills
+empty workspaces, per image (`sandbox(workspace, image)`: the backend's default
+image, and up to `warm_images` other images from their first request on;
+`sandboxes/warm.py`), refilling at most `warm_starting` at a time so that refills
 do not starve the handoffs of CPU. A request takes one when the backend can attach a workspace
 to a started sandbox (`WorkspaceAttachable`) or needs none, and the pool starts
 a replacement in the background; otherwise it starts one cold.
@@ -26,23 +31,26 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxes.base import (
+    ImageSandboxFactory,
     PullGated,
     Sandbox,
     SandboxError,
     SandboxFactory,
     SandboxStartError,
     SandboxTimeoutError,
+    WaitReporting,
     WorkspaceAttachable,
+    create_sandbox,
     fault_injected,
 )
 from sandboxes.caps import CapWait, CapWaits, HourlyWindow, StartRateGate, detach_request_waits, request_waits
 from sandboxes.settings import SandboxSettings
+from sandboxes.warm import WarmShelves
 
 log = logging.getLogger(__name__)
 WARM_RETRY_S = 1.0  # after a failed warm start, so a broken backend does not spin
@@ -71,13 +79,15 @@ class SandboxPool:
         self._start_gate = asyncio.Semaphore(self._caps.max_starting)
         self._rate = StartRateGate(self._caps.starts_per_s)
         self._pulls = HourlyWindow(self._caps.image_pulls_per_h)
-        self._warm: deque[Sandbox] = deque()
-        self._warm_pending = 0
+        self._warm = WarmShelves(self._caps.warm_pool, self._caps.warm_images, self._caps.warm_starting)
         self._warm_tasks: set[asyncio.Task[None]] = set()
+        self._finishing: set[asyncio.Future[None]] = set()  # shelving, stopping: close waits for them
         self._closed = False
         self._started = self._failed = self._handoffs = self._cold = 0
         if isinstance(factory, PullGated):
             factory.set_pull_gate(self.image_pull)
+        if isinstance(factory, WaitReporting):
+            factory.set_wait_recorder(self._waits.record)
 
     async def __aenter__(self) -> SandboxPool:
         self._refill_warm()
@@ -87,13 +97,18 @@ class SandboxPool:
         await self.close()
 
     @contextlib.asynccontextmanager
-    async def sandbox(self, workspace: Path | None) -> AsyncIterator[Sandbox]:
-        """A started sandbox over a copy of `workspace`, stopped on exit whatever happens."""
+    async def sandbox(self, workspace: Path | None, image: str | None = None) -> AsyncIterator[Sandbox]:
+        """A started sandbox over a copy of `workspace`, running `image` (None: the backend's
+        default; from then on kept warm too), stopped on exit whatever happens."""
         if self._closed:
             raise SandboxStartError("the sandbox pool is closed", backend=self.factory.backend)
+        if image is not None and not isinstance(self.factory, ImageSandboxFactory):
+            create_sandbox(self.factory, workspace, image)  # raises: says which backend runs images
+        for dropped in self._warm.asked(image):
+            self._finish_in_background(self._dispose(dropped))
         queued = time.monotonic()
         with request_waits() as waits:
-            box = await self._acquire(workspace, queued)
+            box = await self._acquire(workspace, image, queued)
         box.timings.cap_waits = waits  # this request's own waits, by cap
         try:
             yield box
@@ -111,7 +126,7 @@ class SandboxPool:
         return PoolStats(
             running=self._running,
             starting=self._starting,
-            warm=len(self._warm),
+            warm=self._warm.count(),
             started=self._started,
             failed=self._failed,
             warm_handoffs=self._handoffs,
@@ -130,14 +145,15 @@ class SandboxPool:
         for task in list(self._warm_tasks):
             task.cancel()
         await asyncio.gather(*self._warm_tasks, return_exceptions=True)
-        while self._warm:
-            await self._dispose(self._warm.popleft())
+        await asyncio.gather(*self._finishing, return_exceptions=True)
+        for box in self._warm.drain():
+            await self._dispose(box)
 
-    async def _acquire(self, workspace: Path | None, queued: float) -> Sandbox:
+    async def _acquire(self, workspace: Path | None, image: str | None, queued: float) -> Sandbox:
         for attempt in range(2):
-            warm = await self._claim(workspace)
+            warm = await self._claim(workspace, image)
             if warm is None:
-                return await self._cold_start(workspace, queued)
+                return await self._cold_start(workspace, image, queued)
             try:
                 return await self._hand_off(warm, workspace, queued)
             except SandboxError as error:  # a warm sandbox that died while it waited
@@ -146,9 +162,9 @@ class SandboxPool:
                 log.warning("warm %s sandbox unusable, taking another: %s", warm.backend, error)
         raise AssertionError("unreachable")
 
-    async def _cold_start(self, workspace: Path | None, queued: float) -> Sandbox:
+    async def _cold_start(self, workspace: Path | None, image: str | None, queued: float) -> Sandbox:
         try:
-            box = await self._start_new(workspace)
+            box = await self._start_new(workspace, image)
         except BaseException:
             await self._free_slot()
             raise
@@ -158,13 +174,15 @@ class SandboxPool:
         box.timings.queued_s = time.monotonic() - queued - box.timings.start_s
         return box
 
-    async def _claim(self, workspace: Path | None) -> Sandbox | None:
+    async def _claim(self, workspace: Path | None, image: str | None) -> Sandbox | None:
         """A warm sandbox that fits, or None after reserving a running slot for a cold start."""
         waited_since: float | None = None
         async with self._slots:
             while True:
-                if self._warm and (workspace is None or isinstance(self._warm[0], WorkspaceAttachable)):
-                    box = self._warm.popleft()
+                box = self._warm.take(
+                    image, lambda warm: workspace is None or isinstance(warm, WorkspaceAttachable)
+                )
+                if box is not None:
                     break
                 if self._running < self._caps.max_running:
                     self._running += 1
@@ -192,7 +210,7 @@ class SandboxPool:
         box.timings.queued_s = began - queued
         return box
 
-    async def _start_new(self, workspace: Path | None) -> Sandbox:
+    async def _start_new(self, workspace: Path | None, image: str | None) -> Sandbox:
         """Start one sandbox under the starting and rate caps; the caller holds a running slot."""
         if self._start_gate.locked():
             waited_since = time.monotonic()
@@ -206,16 +224,16 @@ class SandboxPool:
             if delay > 0:
                 self._waits.record("start_rate", delay)
                 await asyncio.sleep(delay)
-            return await self._start_one(workspace)
+            return await self._start_one(workspace, image)
         finally:
             self._starting -= 1
             self._start_gate.release()
 
-    async def _start_one(self, workspace: Path | None) -> Sandbox:
+    async def _start_one(self, workspace: Path | None, image: str | None) -> Sandbox:
         backend = self.factory.backend
         box: Sandbox | None = None
         try:
-            box = self.factory.create(workspace)
+            box = create_sandbox(self.factory, workspace, image)
             await asyncio.wait_for(box.start(), self._caps.start_timeout_s)
         except BaseException as error:
             if box is not None:
@@ -237,43 +255,56 @@ class SandboxPool:
         return box
 
     def _refill_warm(self) -> None:
-        if self._closed:
-            return
-        missing = min(
-            self._caps.warm_pool - len(self._warm) - self._warm_pending,
-            self._caps.warm_starting - self._warm_pending,
-        )
-        for _ in range(max(missing, 0)):
-            self._warm_pending += 1
-            task = asyncio.get_running_loop().create_task(self._start_warm())
-            self._warm_tasks.add(task)
-            task.add_done_callback(self._warm_tasks.discard)
+        if not self._closed:
+            for image in self._warm.to_start():
+                self._in_background(self._start_warm(image))
 
-    async def _start_warm(self) -> None:
+    def _in_background(self, work: Coroutine[object, object, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._warm_tasks.add(task)
+        task.add_done_callback(self._warm_tasks.discard)
+
+    def _finish_in_background(self, work: Coroutine[object, object, None]) -> asyncio.Future[None]:
+        """Work that must finish even as the pool closes (close waits for it instead of cancelling)."""
+        task = asyncio.ensure_future(work)
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
+        return task
+
+    async def _start_warm(self, image: str | None) -> None:
         detach_request_waits()  # started for no request in particular
+        box: Sandbox | None = None
         try:
-            async with self._slots:
-                await self._slots.wait_for(lambda: self._running < self._caps.max_running or self._closed)
-                if self._closed:
-                    return
-                self._running += 1
-            try:
-                box = await self._start_new(None)
-            except SandboxError as error:
-                await self._free_slot()
-                log.warning("warm sandbox failed to start: %s", error)
-                await asyncio.sleep(WARM_RETRY_S)
-                return
-            except BaseException:
-                await self._free_slot()
-                raise
-            async with self._slots:
-                self._warm.append(box)
-                self._slots.notify_all()
-        finally:
-            self._warm_pending -= 1
+            box = await self._warm_box(image)
+        finally:  # shielded, and awaited by close: a sandbox started as the pool closes is stopped
+            await asyncio.shield(self._finish_in_background(self._shelve(image, box)))
         if not self._closed:
             self._refill_warm()
+
+    async def _warm_box(self, image: str | None) -> Sandbox | None:
+        """A started sandbox for the warm shelves, or None (the pool closed, or the start failed)."""
+        async with self._slots:
+            await self._slots.wait_for(lambda: self._running < self._caps.max_running or self._closed)
+            if self._closed:
+                return None
+            self._running += 1
+        try:
+            return await self._start_new(None, image)
+        except SandboxError as error:
+            await self._free_slot()
+            log.warning("warm sandbox failed to start: %s", error)
+            await asyncio.sleep(WARM_RETRY_S)
+            return None
+        except BaseException:
+            await self._free_slot()
+            raise
+
+    async def _shelve(self, image: str | None, box: Sandbox | None) -> None:
+        async with self._slots:
+            kept = self._warm.started(image, None if self._closed else box)
+            self._slots.notify_all()
+        if not kept and box is not None:
+            await self._dispose(box)  # the pool closed, or its image is no longer kept warm
 
     async def _dispose(self, box: Sandbox) -> None:
         await self._stop_quietly(box)

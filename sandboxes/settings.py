@@ -34,6 +34,11 @@ class PoolSettings(Frozen):
     image_pulls_per_h: int = Field(default=100, description="docker: pulls allowed per hour")
     warm_pool: int = Field(default=0, description="sandboxes started ahead for the next episodes")
     warm_starting: int = Field(default=8, description="warm refills in flight (so handoffs keep the CPU)")
+    warm_images: int = Field(
+        default=4,
+        ge=0,
+        description="images besides the default kept warm (warm_pool each), most recently asked",
+    )
     start_timeout_s: float = 60.0
 
 
@@ -74,9 +79,41 @@ class DockerSettings(Frozen):
     network_name: str = Field(default="rollstream-internal", description="the one shared internal network")
     label: str = "rollstream.sandbox"
     workdir: str = Field(default="/workspace", description="where the workspace appears inside")
+    channel: Literal["helper", "engine"] = Field(
+        default="helper",
+        description="how commands reach a container: 'helper' = our exec helper as its PID 1, over a Unix "
+        "socket in a bind-mounted directory (the engine must run on this host); 'engine' = an engine exec "
+        "per command (any engine, also a remote one; ~10x the cost per command)",
+    )
+    helper_path: str = Field(
+        default="", description="a prebuilt exec helper; empty = build from sandboxes/helper"
+    )
+    helper_dir: str = Field(
+        default="", description="where helpers are built; empty = ~/.cache/rollstream/helper"
+    )
+    channel_root: str = Field(
+        default="",
+        description="host dir of the per-sandbox helper sockets; empty = <tmp>/rollstream-docker-<uid>",
+    )
+    helper_ready_timeout_s: float = Field(default=30.0, gt=0, description="wait for a started helper's hello")
+    engine_concurrency: int = Field(
+        default=4,
+        ge=1,
+        description="container creates+starts and removals in flight at the engine (cap 'container_engine'): "
+        "warm refills and cold starts queue here, so the engine is not swamped into slower starts",
+    )
+    workspace_in_memory: bool = Field(
+        default=True,
+        description="the default image's workdir is a tmpfs (counted in limits.memory_mb), as bwrap keeps "
+        "workspaces in /dev/shm: on a loaded disk each file a handoff unpacks costs ~1 ms; images asked "
+        "for per task keep what they have at workdir; channel = 'helper' only",
+    )
+    inline_tar_max_entries: int = Field(
+        default=500, description="workspaces this small are packed on the event loop, larger ones on a thread"
+    )
     keepalive: tuple[str, ...] = Field(
         default=("sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait; done"),
-        description="PID 1 of each container: stays up and reaps orphaned processes",
+        description="PID 1 of each container with channel = 'engine': stays up and reaps orphaned processes",
     )
     pull_missing: bool = Field(default=True, description="pull an image that is not there (counted, capped)")
     pull_timeout_s: float = 600.0

@@ -35,6 +35,7 @@ from rollstream.launcher.process import (
 from sandboxes.image import ImageBuildError, ImageReport
 from sandboxes.image import ensure_image as build_and_import
 
+PODMAN = ("podman", "--runtime", "runc")  # crun fails on this machine's cgroups; runc works
 MARKER = "system service"
 MAX_SOCKET_PATH = 100  # sockaddr_un holds 108 bytes
 STARTUP_TIMEOUT_S = 60.0
@@ -80,7 +81,7 @@ def ensure_up(config: Config) -> str:
         if pid is not None:  # ours, but not answering: replace it
             stop_processes([pid], grace_s=5.0)
         socket.unlink(missing_ok=True)
-        argv = ["podman", "--runtime", "runc", "system", "service", "--time=0", f"unix://{socket}"]
+        argv = [*PODMAN, "system", "service", "--time=0", f"unix://{socket}"]
         pid = start_detached(argv, folder / "podman.log", folder / "podman.pid", cwd=folder)
         _wait_until_up(config, folder, pid)
     return base_url(config)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sandboxes.base import SandboxError, SandboxFactory
+from sandboxes.base import SandboxError, SandboxFactory, create_sandbox
 from sandboxes.tasks.harbor import Task
 from sandboxes.tasks.verifier import run_verifier, workspace_root
 
@@ -46,7 +46,7 @@ class CheckResult:
 
 
 async def _reward(factory: SandboxFactory, task: Task, *, gold: bool, timeout: float) -> float:
-    box = factory.create(task.workspace)
+    box = create_sandbox(factory, task.workspace, task.environment.docker_image or None)
     await box.start()
     try:
         if gold:

@@ -20,6 +20,7 @@ from rollstream.launcher import podman
 from sandboxes.docker import DockerSandbox, DockerSandboxFactory
 from sandboxes.docker_api import DockerApi
 from sandboxes.settings import SandboxSettings
+from tests.sandboxes_docker.busybox_image import ensure_busybox_image
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +33,12 @@ def podman_url(base_config: Config) -> Iterator[str]:
     finally:
         if started_here:
             podman.down(base_config)
+
+
+@pytest.fixture(scope="session")
+def no_python_image(podman_url: str, base_config: Config) -> str:
+    """An image with busybox alone: no Python, no libc, no coreutils (built once, ~5 s)."""
+    return ensure_busybox_image(podman_url, base_config.state_dir / "images", base_config.sandbox.docker)
 
 
 @pytest.fixture
