@@ -29,3 +29,27 @@ def test_a_kept_sft_model_is_stale_once_the_expert_or_sft_settings_change(tmp_pa
         "learning.train_tasks=64",
     ):
         assert not sft_model_is_current(config(changed), paths)
+
+
+def test_a_pretrained_base_has_its_own_learning_directory_and_settings(tmp_path: Path) -> None:
+    """`--model NAME` runs under learning/<name>/seed-S with the known model's directory as base, after
+    the family's settings and the pretrained ones (user --set overrides still come last)."""
+    from rollstream.learning import PRETRAINED_DEFAULTS, learning_overrides
+
+    small = load_config(None, [f'run.state_dir="{tmp_path}"', *learning_overrides(None)])
+    assert learning_paths(small).root == tmp_path / "learning" / "seed-0"
+    assert learning_paths(small).base_model == tmp_path / "learning" / "seed-0" / "base"
+    overrides = learning_overrides("smollm2-135m-instruct")
+    assert overrides[-1] == 'learning.base_model="smollm2-135m-instruct"'
+    assert set(PRETRAINED_DEFAULTS) <= set(overrides)
+    cfg = load_config(None, [f'run.state_dir="{tmp_path}"', *overrides, "learning.seed=3"])
+    paths = learning_paths(cfg)
+    assert paths.root == tmp_path / "learning" / "smollm2-135m-instruct" / "seed-3"
+    assert paths.base_model == tmp_path / "models" / "smollm2-135m-instruct"
+    assert (cfg.engine.dtype, cfg.trainer.dtype, cfg.learning.heldout_tasks, cfg.eval.attempts) == (
+        "bfloat16",
+        "bfloat16",
+        64,
+        4,
+    )
+    assert sft_recipe(cfg)["base_model"] == "smollm2-135m-instruct"  # another base: another SFT model
