@@ -55,7 +55,7 @@ from trainer.batch import GroupMismatchError, TrainSample, samples_of
 from trainer.intake import STALE, TRAIN, ZERO_VARIANCE, TrajectoryBuffer, batch_staleness, judge_group
 from trainer.model import ModelConfig
 from trainer.ordering import PartitionMerger
-from trainer.publish import announce, step_event, write_version
+from trainer.publish import announce, prune_versions, step_event, write_version
 from trainer.resume import Checkpoint, save_checkpoint
 from trainer.settings import TrainerSettings
 from trainer.step import StepMetrics
@@ -110,8 +110,10 @@ async def publish_version(
     backend: TrainBackend,
     state: TrainerState,
     before_rename: Callable[[], None] | None = None,
+    keep: int = 0,
 ) -> None:
-    """Write the backend's weights as `state.version` of the run, then announce it (RL and SFT)."""
+    """Write the backend's weights as `state.version` of the run, then announce it (RL and SFT);
+    with `keep` > 0, only the newest `keep` versions of the run stay on disk (`trainer.keep_versions`)."""
     published = write_version(
         backend.hf_state_dict(),
         target.model_config,
@@ -122,6 +124,8 @@ async def publish_version(
         before_rename=before_rename,
     )
     await announce(producer, target.run_id, published, state.step)
+    if keep:
+        prune_versions(target.weights_dir, target.run_id, keep)
 
 
 class RlTrainer:
@@ -327,7 +331,14 @@ class RlTrainer:
         """Write the current weights as `state.version`, then announce it on `weights` and history."""
         self._phase("publish")
         renaming = functools.partial(self._phase, "publish.rename")
-        await publish_version(producer, self.target, self.backend, self.state, before_rename=renaming)
+        await publish_version(
+            producer,
+            self.target,
+            self.backend,
+            self.state,
+            before_rename=renaming,
+            keep=self.settings.keep_versions,
+        )
 
     def _phase(self, name: str, step: int | None = None) -> None:
         log.info(

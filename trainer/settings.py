@@ -80,6 +80,9 @@ class TrainerSettings(BaseModel):
     grad_clip: float = Field(default=1.0, gt=0, description="global grad-norm clip")
     sync_every: int = Field(default=1, ge=1, description="engines load every Nth version")
     checkpoint_every: int = Field(default=10, ge=1, description="steps between checkpoints (and on SIGTERM)")
+    keep_versions: int = Field(
+        default=0, ge=0, description="weight versions of a run kept on disk, newest first; 0 = all"
+    )
     consumer_group: str = "rollstream-trainer"
     poll_ms: int = Field(default=200, ge=1, description="longest wait for records in one poll")
     trajectory_buffer: int = Field(

@@ -146,7 +146,9 @@ class SftTrainer:
         started = time.monotonic()
         if publish:  # a version per published step; the steps between train on
             self.state.version += 1
-            await publish_version(producer, self.target, self.backend, self.state)
+            await publish_version(
+                producer, self.target, self.backend, self.state, keep=self.settings.keep_versions
+            )
         publish_s = time.monotonic() - started
         data = step_payload(
             metrics,

@@ -80,3 +80,16 @@ def test_bf16_steps_follow_fp32_steps() -> None:
     assert abs(loss32 - loss16) < 0.05 * max(abs(loss32), 1e-3)
     cosine = torch.nn.functional.cosine_similarity(step32.flatten(), step16.flatten(), dim=0)
     assert 0.9 < cosine < 1.0
+
+
+def test_prune_keeps_the_newest_versions(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from trainer.publish import prune_versions, run_weights_dir
+    from trainer.versions import version_dir
+
+    for version in range(1, 7):
+        version_dir(tmp_path, "r", version).mkdir(parents=True)
+    (run_weights_dir(tmp_path, "r") / "checkpoint.pt").write_text("kept")
+    removed = prune_versions(tmp_path, "r", keep=2)
+    assert [p.name for p in removed] == [f"{v:06d}" for v in range(1, 5)]
+    left = sorted(p.name for p in run_weights_dir(tmp_path, "r").iterdir())
+    assert left == ["000005", "000006", "checkpoint.pt"]
