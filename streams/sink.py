@@ -63,12 +63,19 @@ class RejectedRecord:
 
 @dataclass(frozen=True)
 class SinkBatch:
-    """What one poll returned: valid events, rejected records, next offset per (topic, partition)."""
+    """What one poll returned: the valid events' rows, rejected records, next offset per (topic, partition).
 
-    events: list[StoredEvent]
+    The decoded events themselves are not kept: once their rows are built they are freed, while
+    the collector is paused, so it never scans them (`collector_paused`)."""
+
+    rows: PreparedBatch
     rejected: list[RejectedRecord]
     offsets: dict[tuple[str, int], int]
-    rows: PreparedBatch
+
+    @property
+    def valid(self) -> int:
+        """How many records decoded to valid events."""
+        return len(self.rows.event_rows)
 
 
 @dataclass
@@ -108,7 +115,7 @@ def split_batch(polled: Mapping[TopicPartition, list[ConsumerRecord]]) -> SinkBa
                 continue
             events.append(StoredEvent(event, tp.topic, tp.partition, record.offset, data_json))
         offsets[(tp.topic, tp.partition)] = max(record.offset for record in records) + 1
-    return SinkBatch(events, rejected, offsets, prepare_batch(events))
+    return SinkBatch(prepare_batch(events), rejected, offsets)
 
 
 async def sink_partitions(
@@ -223,6 +230,7 @@ class Sink:
                 )
                 with collector_paused():  # see `collector_paused`; no await inside
                     batch = split_batch(polled)
+                    del polled  # the records are freed here, unscanned, as the decoded events were
                 if committing is not None and (batch.offsets or committing.done()):
                     await committing
                     committing = None
@@ -247,9 +255,9 @@ class Sink:
         await dead_letters.send_all(batch.rejected, self.name)  # acked before the offsets move past them
         new = await asyncio.to_thread(self._commit, batch)
         totals = self.totals
-        totals.records += len(batch.events) + len(batch.rejected)
+        totals.records += batch.valid + len(batch.rejected)
         totals.stored += new
-        totals.duplicates += len(batch.events) - new
+        totals.duplicates += batch.valid - new
         totals.deadlettered += len(batch.rejected)
         totals.batches += 1
         self.progress(totals)
