@@ -52,6 +52,12 @@ class StoreSettings(Frozen):
     sink_group: str = "rollstream-sink"
     sink_topics: tuple[str, ...] = ("rollout.events", "weights.history", "trainer.steps", "groups")
     sink_poll_ms: int = Field(default=500, description="longest wait for records before an idle check")
+    sqlite_cache_mib: int = Field(
+        default=64,
+        ge=1,
+        description="SQLite page cache of a writing connection (PRAGMA cache_size): a sink batch's pages "
+        "fit, so none is spilled and written twice, and index pages are not re-read from the file",
+    )
 
 
 class PolicySettings(Frozen):
