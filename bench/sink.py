@@ -17,8 +17,10 @@ server; the user must be allowed to create databases. On PostgreSQL each store i
 a fresh database, dropped after its round.
 
 Rounds alternate the two paths (fresh stores each time) and the medians are
-reported. Last line:
-`{"db": ..., "events_per_s": ..., "raw_events_per_s": ..., "ratio": ...}` (target >= 0.5).
+reported, with the process's CPU time per event on each path (user + system, all
+threads: a figure a loaded machine moves less than the wall-clock ratio). Last line:
+`{"db": ..., "events_per_s": ..., "raw_events_per_s": ..., "ratio": ..., "cpu_us_per_event": ...,
+"raw_cpu_us_per_event": ...}` (target: ratio >= 0.5).
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import resource
+import statistics
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -84,10 +89,33 @@ async def produce(
     on_progress(len(events))
 
 
+@dataclass(frozen=True)
+class Elapsed:
+    """Wall seconds, and this process's CPU seconds in that time (all threads, user + system)."""
+
+    wall_s: float
+    cpu_s: float
+
+
+class Timer:
+    """Started when made; `stop()` is the `Elapsed` since."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), _cpu_s()
+
+    def stop(self) -> Elapsed:
+        return Elapsed(time.perf_counter() - self.wall, _cpu_s() - self.cpu)
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 async def sink_into(
     config: Config, topics: TopicSettings, url: str, count: int, on_progress: Callable[[int], None]
-) -> float:
-    """Seconds for the sink to store `count` records into a fresh store at `url`."""
+) -> Elapsed:
+    """Time for the sink to store `count` records into a fresh store at `url`."""
     engine = open_store(url, config.db.sqlite_cache_mib)
     store = config.db.model_copy(update={"sink_topics": (TOPIC,)})
     sink: Sink
@@ -98,9 +126,9 @@ async def sink_into(
             sink.stop()
 
     sink = Sink(config.kafka, topics, store, engine, progress=progress)
-    start = time.perf_counter()
+    timer = Timer()
     totals = await sink.run()
-    elapsed = time.perf_counter() - start
+    elapsed = timer.stop()
     engine.dispose()
     if totals.stored != count:
         raise RuntimeError(f"the sink stored {totals.stored} of {count} events")
@@ -109,16 +137,16 @@ async def sink_into(
 
 def plain_insert(
     rows: list[dict[str, Any]], url: str, config: Config, on_progress: Callable[[int], None]
-) -> float:
-    """Seconds to insert `rows` into `events` of a fresh store, `db.sink_batch_size` rows per transaction."""
+) -> Elapsed:
+    """Time to insert `rows` into `events` of a fresh store, `db.sink_batch_size` rows per transaction."""
     batch = config.db.sink_batch_size
     engine = open_store(url, config.db.sqlite_cache_mib)
-    start = time.perf_counter()
+    timer = Timer()
     for first in range(0, len(rows), batch):
         with engine.begin() as conn:
             conn.execute(insert(EventRow), rows[first : first + batch])
         on_progress(min(first + batch, len(rows)))
-    elapsed = time.perf_counter() - start
+    elapsed = timer.stop()
     engine.dispose()
     return elapsed
 
@@ -155,20 +183,20 @@ class FreshStores:
 
 async def one_round(
     config: Config, topics: TopicSettings, count: int, stores: FreshStores, progress: Progress, label: str
-) -> tuple[float, float]:
-    """Seconds for the sink, then for the plain insert of the rows it stored (fresh stores each)."""
+) -> tuple[Elapsed, Elapsed]:
+    """Time for the sink, then for the plain insert of the rows it stored (fresh stores each)."""
     try:
         sink_url, raw_url = stores.new("sink"), stores.new("raw")
         sink_task = progress.add_task(f"{label} sink", total=count)
-        sink_s = await sink_into(
+        sink_time = await sink_into(
             config, topics, sink_url, count, lambda n: progress.update(sink_task, completed=n)
         )
         rows = stored_rows(sink_url)
         raw_task = progress.add_task(f"{label} plain insert", total=count)
-        raw_s = plain_insert(rows, raw_url, config, lambda n: progress.update(raw_task, completed=n))
+        raw_time = plain_insert(rows, raw_url, config, lambda n: progress.update(raw_task, completed=n))
     finally:
         stores.clear()  # the next round starts from empty stores
-    return sink_s, raw_s
+    return sink_time, raw_time
 
 
 async def run(config: Config, count: int, tokens: int, rounds: int, stores: FreshStores) -> dict[str, float]:
@@ -177,20 +205,26 @@ async def run(config: Config, count: int, tokens: int, rounds: int, stores: Fres
     topics = await fresh_topics(config, "bench-sink")
     ours: list[float] = []
     raw: list[float] = []
+    cpu: dict[str, list[float]] = {"cpu_us_per_event": [], "raw_cpu_us_per_event": []}
     try:
         with Progress(*columns, console=console) as progress:
             produced = progress.add_task("produce", total=count)
             await produce(config, topics, events, lambda n: progress.update(produced, completed=n))
             for number in range(1, rounds + 1):
-                sink_s, raw_s = await one_round(config, topics, count, stores, progress, f"round {number}")
-                ours.append(count / sink_s)
-                raw.append(count / raw_s)
+                sink_time, raw_time = await one_round(
+                    config, topics, count, stores, progress, f"round {number}"
+                )
+                ours.append(count / sink_time.wall_s)
+                raw.append(count / raw_time.wall_s)
+                cpu["cpu_us_per_event"].append(1e6 * sink_time.cpu_s / count)
+                cpu["raw_cpu_us_per_event"].append(1e6 * raw_time.cpu_s / count)
                 progress.console.print(
                     f"round {number}: sink {ours[-1]:,.0f} events/s, plain insert {raw[-1]:,.0f} events/s"
                 )
     finally:
         await delete_topics(config.kafka, topics)
-    return {"events": count, "rounds": rounds, **median_rates(ours, raw)}
+    medians = {name: round(statistics.median(values), 1) for name, values in cpu.items()}
+    return {"events": count, "rounds": rounds, **median_rates(ours, raw), **medians}
 
 
 @contextlib.contextmanager
