@@ -40,6 +40,9 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 MIGRATION_LOCK_KEY = 0x526F6C6C  # PostgreSQL advisory lock held while migrating (SQLite: BEGIN IMMEDIATE)
 WAL_LOCK_POLL_S = 0.01  # how often a connection waiting to switch a new database to WAL retries the file lock
 SQLITE_CACHE_MIB: int = StoreSettings.model_fields["sqlite_cache_mib"].default
+# Parsed statements a SQLite connection keeps (sqlite3's default is 128): the writer's multi-row
+# statements come in ~10 sizes per table and column set (`streams.store.writer._statement_sizes`).
+SQLITE_CACHED_STATEMENTS = 512
 
 
 class StoreError(RuntimeError):
@@ -58,7 +61,13 @@ def create_store_engine(url: str, sqlite_cache_mib: int = SQLITE_CACHE_MIB) -> E
     parsed = _parse(url)
     if parsed.get_backend_name() == "sqlite":
         _ensure_parent_dir(parsed)
-        engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        engine = create_engine(
+            parsed,
+            connect_args={
+                "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
+                "cached_statements": SQLITE_CACHED_STATEMENTS,
+            },
+        )
         _configure_sqlite(engine, readonly=False, wal_lock=_wal_lock_path(parsed), cache_mib=sqlite_cache_mib)
         return engine
     return create_engine(parsed, pool_pre_ping=True)

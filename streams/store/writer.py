@@ -51,7 +51,8 @@ _TABLES: dict[str, Table] = dict(Base.metadata.tables)
 # Projections keyed by trajectory: rebuilt from the winning copies of a trajectory several runs wrote.
 TRAJECTORY_PROJECTIONS = ("trajectories", "turns", "tool_calls", "sandbox_lifecycle")
 ID_LOOKUP_CHUNK = 1000  # ids per `IN (...)`, well under every backend's bound-parameter limit
-ROWS_PER_STATEMENT = 2000  # rows per multi-row INSERT on SQLite: a whole batch, one GIL hand-off
+# Most rows per multi-row statement on SQLite; a power of two, see `_statement_sizes`.
+ROWS_PER_STATEMENT = 512
 SQLITE_VARIABLES = 32_766  # SQLite's default bound-parameter limit since 3.32
 
 
@@ -154,9 +155,11 @@ def rerun_trajectories(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> s
             sources.setdefault(row["trajectory_id"], set()).add(row["source"])
     rerun = {trajectory_id for trajectory_id, found in sources.items() if len(found) > 1}
     pairs = [(trajectory_id, *found) for trajectory_id, found in sources.items() if len(found) == 1]
-    for first in range(0, len(pairs), ID_LOOKUP_CHUNK):
-        chunk = pairs[first : first + ID_LOOKUP_CHUNK]
-        sql = _started_elsewhere_sql(conn.dialect.paramstyle, len(chunk))
+    first = 0
+    for size in _statement_sizes(len(pairs), ID_LOOKUP_CHUNK):
+        chunk = pairs[first : first + size]
+        first += size
+        sql = _started_elsewhere_sql(conn.dialect.paramstyle, size)
         rerun.update(row[0] for row in conn.exec_driver_sql(sql, tuple(chain.from_iterable(chunk))))
     return rerun
 
@@ -292,23 +295,37 @@ def _execute_many(conn: Connection, statement: _Statement, rows: list[dict[str, 
 
     These rows hold plain values, so SQLAlchemy's per-row parameter processing (most of the
     sink's SQL time) is skipped. PostgreSQL: psycopg's executemany (pipelined). SQLite:
-    multi-row `VALUES` of up to `ROWS_PER_STATEMENT` rows, because sqlite3's executemany
-    releases and re-takes the GIL for every row, and each re-take waits behind the sink's
-    decoding thread."""
+    multi-row `VALUES` (`_statement_sizes`), because sqlite3's executemany releases and
+    re-takes the GIL for every row, and each re-take waits behind the sink's decoding thread."""
     if statement.order is None:
         return int(conn.exec_driver_sql(statement.sql, rows).rowcount)  # type: ignore[arg-type]
     values = itemgetter(*statement.order)
-    per_statement = max(1, min(ROWS_PER_STATEMENT, SQLITE_VARIABLES // len(statement.order)))
-    changed = 0
-    for first in range(0, len(rows), per_statement):
-        chunk = rows[first : first + per_statement]
+    most = min(ROWS_PER_STATEMENT, SQLITE_VARIABLES // len(statement.order))
+    changed = first = 0
+    for size in _statement_sizes(len(rows), most):
+        chunk = rows[first : first + size]
+        first += size
         params = (
             tuple(chain.from_iterable(map(values, chunk)))
             if len(statement.order) > 1
             else tuple(map(values, chunk))
         )
-        changed += conn.exec_driver_sql(_multi_row(statement.sql, len(chunk)), params).rowcount
+        changed += conn.exec_driver_sql(_multi_row(statement.sql, size), params).rowcount
     return changed
+
+
+def _statement_sizes(rows: int, most: int) -> list[int]:
+    """`rows` split into statements of few distinct sizes: the largest power of two up to `most`
+    as often as it fits, then the powers of two of what is left (largest first).
+
+    SQLite parses a multi-row `VALUES` anew for every text it has not cached, and parsing one
+    costs 5-40x running it (~4-25 us a row against ~0.6); batches and projection buckets vary
+    in size, so sizing each statement exactly would parse on every batch. With these sizes a
+    connection meets at most ~10 texts per table and column set, all kept in its statement
+    cache (`streams.store.migrate.SQLITE_CACHED_STATEMENTS`)."""
+    top = 1 << (max(most, 1).bit_length() - 1)
+    rest = rows % top
+    return [top] * (rows // top) + [1 << bit for bit in reversed(range(rest.bit_length())) if rest >> bit & 1]
 
 
 @lru_cache(maxsize=256)
