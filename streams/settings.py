@@ -52,6 +52,19 @@ class StoreSettings(Frozen):
     sink_group: str = "rollstream-sink"
     sink_topics: tuple[str, ...] = ("rollout.events", "weights.history", "trainer.steps", "groups")
     sink_poll_ms: int = Field(default=500, description="longest wait for records before an idle check")
+    sink_gil_switch_ms: float = Field(
+        default=0.5,
+        gt=0,
+        description="Python's thread switch interval while the sink runs (sys.setswitchinterval; Python's "
+        "default is 5 ms): how long its commit thread may wait for the GIL behind the decoding loop "
+        "each time an SQL statement returns",
+    )
+    sqlite_cache_mib: int = Field(
+        default=64,
+        ge=1,
+        description="SQLite page cache of a writing connection (PRAGMA cache_size): a sink batch's pages "
+        "fit, so none is spilled and written twice, and index pages are not re-read from the file",
+    )
 
 
 class PolicySettings(Frozen):

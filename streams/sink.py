@@ -26,15 +26,20 @@ Exactly once into SQL, whenever the process is killed (SIGKILL included):
   the same rule as the stream worker and replay (`streams.store.writer`).
 
 Database work runs in a worker thread, so the next batch is fetched and decoded
-while one commits (one commit in flight, in order).
+while one commits (one commit in flight, in order). Each statement that thread
+runs gives up the GIL while the database works and must take it back from the
+decoding loop; while the sink runs, Python's switch interval is
+`StoreSettings.sink_gil_switch_ms` (process-wide, restored after), so that
+hand-over waits at most that long instead of Python's 5 ms.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -63,12 +68,19 @@ class RejectedRecord:
 
 @dataclass(frozen=True)
 class SinkBatch:
-    """What one poll returned: valid events, rejected records, next offset per (topic, partition)."""
+    """What one poll returned: the valid events' rows, rejected records, next offset per (topic, partition).
 
-    events: list[StoredEvent]
+    The decoded events themselves are not kept: once their rows are built they are freed, while
+    the collector is paused, so it never scans them (`collector_paused`)."""
+
+    rows: PreparedBatch
     rejected: list[RejectedRecord]
     offsets: dict[tuple[str, int], int]
-    rows: PreparedBatch
+
+    @property
+    def valid(self) -> int:
+        """How many records decoded to valid events."""
+        return len(self.rows.event_rows)
 
 
 @dataclass
@@ -108,7 +120,7 @@ def split_batch(polled: Mapping[TopicPartition, list[ConsumerRecord]]) -> SinkBa
                 continue
             events.append(StoredEvent(event, tp.topic, tp.partition, record.offset, data_json))
         offsets[(tp.topic, tp.partition)] = max(record.offset for record in records) + 1
-    return SinkBatch(events, rejected, offsets, prepare_batch(events))
+    return SinkBatch(prepare_batch(events), rejected, offsets)
 
 
 async def sink_partitions(
@@ -143,6 +155,17 @@ class DeadLetters:
         await self.producer.flush()
 
 
+@contextlib.contextmanager
+def switch_interval(seconds: float) -> Iterator[None]:
+    """Python's thread switch interval set to `seconds` for the block (process-wide), then restored."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
+
+
 class Sink:
     """Consumes `store.sink_topics` into `engine`; `run()` until stopped or idle."""
 
@@ -175,7 +198,8 @@ class Sink:
             partitions = await self._assign_from_store(consumer)
             async with contextlib.AsyncExitStack() as stack:
                 dead_letters = DeadLetters(self.kafka, self.topics, stack)
-                await self._loop(consumer, dead_letters, partitions, until_idle_s)
+                with switch_interval(self.store.sink_gil_switch_ms / 1000):
+                    await self._loop(consumer, dead_letters, partitions, until_idle_s)
         finally:
             await consumer.stop()
         return self.totals
@@ -223,6 +247,7 @@ class Sink:
                 )
                 with collector_paused():  # see `collector_paused`; no await inside
                     batch = split_batch(polled)
+                    del polled  # the records are freed here, unscanned, as the decoded events were
                 if committing is not None and (batch.offsets or committing.done()):
                     await committing
                     committing = None
@@ -247,9 +272,9 @@ class Sink:
         await dead_letters.send_all(batch.rejected, self.name)  # acked before the offsets move past them
         new = await asyncio.to_thread(self._commit, batch)
         totals = self.totals
-        totals.records += len(batch.events) + len(batch.rejected)
+        totals.records += batch.valid + len(batch.rejected)
         totals.stored += new
-        totals.duplicates += len(batch.events) - new
+        totals.duplicates += batch.valid - new
         totals.deadlettered += len(batch.rejected)
         totals.batches += 1
         self.progress(totals)

@@ -38,7 +38,7 @@ def command(
     cfg = read_config(config, overrides)
     url = db or cfg.db_url
     try:
-        engine = open_store(url)
+        engine = open_store(url, cfg.db.sqlite_cache_mib)
     except (StoreError, SQLAlchemyError) as error:
         fail(f"cannot open the event store {url}: {error}")
     try:

@@ -7,11 +7,13 @@ file's directory when needed, runs the alembic migrations packaged in
 SQLite engines use WAL (readers never block the one writer and vice versa),
 `synchronous=NORMAL` (durable across a killed process; only an OS crash can
 lose the last commits), a busy timeout, and an explicit BEGIN per transaction
-so that a transaction really spans every statement in it. Switching a new
-database to WAL is serialised across processes by an exclusive lock on the file
-`<database>.lock` (`_switch_to_wal`): SQLite's busy timeout does not cover that
-switch. `open_readonly(url)` is the engine for `rollstream sql`: SQLite opened
-with `mode=ro`, PostgreSQL sessions with `default_transaction_read_only`.
+so that a transaction really spans every statement in it. Writing engines get
+a page cache of `StoreSettings.sqlite_cache_mib` (SQLite's default, 2 MiB, is
+smaller than one sink batch). Switching a new database to WAL is serialised
+across processes by an exclusive lock on the file `<database>.lock`
+(`_switch_to_wal`): SQLite's busy timeout does not cover that switch.
+`open_readonly(url)` is the engine for `rollstream sql`: SQLite opened with
+`mode=ro`, PostgreSQL sessions with `default_transaction_read_only`.
 """
 
 from __future__ import annotations
@@ -32,29 +34,41 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import NullPool
 
+from streams.settings import StoreSettings
+
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 MIGRATION_LOCK_KEY = 0x526F6C6C  # PostgreSQL advisory lock held while migrating (SQLite: BEGIN IMMEDIATE)
 WAL_LOCK_POLL_S = 0.01  # how often a connection waiting to switch a new database to WAL retries the file lock
+SQLITE_CACHE_MIB: int = StoreSettings.model_fields["sqlite_cache_mib"].default
+# Parsed statements a SQLite connection keeps (sqlite3's default is 128): the writer's multi-row
+# statements come in ~10 sizes per table and column set (`streams.store.writer._statement_sizes`).
+SQLITE_CACHED_STATEMENTS = 512
 
 
 class StoreError(RuntimeError):
     """The event store URL or database cannot be used; the message says what to do."""
 
 
-def open_store(url: str) -> Engine:
+def open_store(url: str, sqlite_cache_mib: int = SQLITE_CACHE_MIB) -> Engine:
     """An engine on the event store at `url`, migrated to the newest schema."""
-    engine = create_store_engine(url)
+    engine = create_store_engine(url, sqlite_cache_mib)
     upgrade(engine)
     return engine
 
 
-def create_store_engine(url: str) -> Engine:
+def create_store_engine(url: str, sqlite_cache_mib: int = SQLITE_CACHE_MIB) -> Engine:
     """A read-write engine for `url` (sqlite or postgresql), without migrating."""
     parsed = _parse(url)
     if parsed.get_backend_name() == "sqlite":
         _ensure_parent_dir(parsed)
-        engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
-        _configure_sqlite(engine, readonly=False, wal_lock=_wal_lock_path(parsed))
+        engine = create_engine(
+            parsed,
+            connect_args={
+                "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
+                "cached_statements": SQLITE_CACHED_STATEMENTS,
+            },
+        )
+        _configure_sqlite(engine, readonly=False, wal_lock=_wal_lock_path(parsed), cache_mib=sqlite_cache_mib)
         return engine
     return create_engine(parsed, pool_pre_ping=True)
 
@@ -151,7 +165,9 @@ def _sqlite_connect_ro(uri: str) -> Any:
     return sqlite3.connect(uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
 
 
-def _configure_sqlite(engine: Engine, *, readonly: bool, wal_lock: Path | None = None) -> None:
+def _configure_sqlite(
+    engine: Engine, *, readonly: bool, wal_lock: Path | None = None, cache_mib: int | None = None
+) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy, not the sqlite3 module, decide where transactions begin.
@@ -161,6 +177,8 @@ def _configure_sqlite(engine: Engine, *, readonly: bool, wal_lock: Path | None =
         if not readonly:
             _switch_to_wal(cursor, wal_lock)
             cursor.execute("PRAGMA synchronous = NORMAL")
+        if cache_mib is not None:
+            cursor.execute(f"PRAGMA cache_size = -{cache_mib * 1024}")  # negative: KiB, not pages
         else:
             cursor.execute("PRAGMA query_only = ON")
         cursor.close()

@@ -35,7 +35,7 @@ class StoredEvent:
     data_json: str | None = None  # the payload's JSON text when the reader has it (else serialised)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ProjectionRow:
     """Upsert `values` into `table`; on a key conflict set every non-key column in `values`."""
 

@@ -15,10 +15,16 @@ transaction from the copies `streams.assemble.dedupe_by_seq` keeps: the rule the
 stream processor and replay fold with, so the finishing run wins at every seq
 whichever copy arrived first, and no projection mixes two runs.
 
-Statements are SQLAlchemy Core (`insert().on_conflict_*` of the sqlite and
-postgresql dialects), compiled once and run with the driver's executemany: the
-rows already hold plain values and JSON text, so per-row parameter processing
-is skipped.
+The usual batch costs three statements besides its projections: the insert
+(its row count proves no copy was stored before, so no lookup precedes it), one
+query that returns only trajectories another run started (none, usually), and
+the offsets. Inserts and upserts are SQLAlchemy Core (`insert().on_conflict_*`
+of the sqlite and postgresql dialects), compiled once and run on the driver
+(psycopg's pipelined executemany; on SQLite one multi-row `VALUES` per batch):
+the rows already hold plain values and JSON text, so per-row parameter
+processing is skipped. Each statement the sink's commit thread runs, and each
+row it fetches, re-takes the GIL from the thread decoding the next batch, so
+their number is kept small.
 """
 
 from __future__ import annotations
@@ -45,30 +51,36 @@ _TABLES: dict[str, Table] = dict(Base.metadata.tables)
 # Projections keyed by trajectory: rebuilt from the winning copies of a trajectory several runs wrote.
 TRAJECTORY_PROJECTIONS = ("trajectories", "turns", "tool_calls", "sandbox_lifecycle")
 ID_LOOKUP_CHUNK = 1000  # ids per `IN (...)`, well under every backend's bound-parameter limit
-ROWS_PER_STATEMENT = 500  # rows per multi-row INSERT on SQLite
+# Most rows per multi-row statement on SQLite; a power of two, see `_statement_sizes`.
+ROWS_PER_STATEMENT = 512
 SQLITE_VARIABLES = 32_766  # SQLite's default bound-parameter limit since 3.32
 
 
 @dataclass(frozen=True)
 class PreparedBatch:
-    """A batch's `events` rows and, per (id, source), its projection rows (built outside the transaction)."""
+    """A batch's `events` rows and their projection rows, built outside the transaction.
+
+    Plain dicts of plain values and slotted rows only: the sink drops the decoded events
+    once these are built, so the garbage collector has next to nothing to scan while the
+    batch waits for its commit. `owners[i]` is the index in `event_rows` of the event that
+    `projections[i]` comes from."""
 
     event_rows: list[dict[str, Any]]
-    projections: dict[tuple[str, str], list[ProjectionRow]]
+    projections: list[ProjectionRow]
+    owners: list[int]
 
 
-def prepare_batch(events: Sequence[StoredEvent]) -> PreparedBatch:
+def prepare_batch(events: Iterable[StoredEvent]) -> PreparedBatch:
     """The rows of `events` (pure; the sink builds them while the previous batch commits)."""
-    rows = [event_row(stored) for stored in events]
-    projections = {
-        copy_key(row): projection_rows(stored.event) for stored, row in zip(events, rows, strict=True)
-    }
-    return PreparedBatch(rows, projections)
-
-
-def copy_key(row: Mapping[str, Any]) -> tuple[str, str]:
-    """The `events` key of a row: (id, source)."""
-    return row["id"], row["source"]
+    rows: list[dict[str, Any]] = []
+    projections: list[ProjectionRow] = []
+    owners: list[int] = []
+    for index, stored in enumerate(events):
+        rows.append(event_row(stored))
+        for projection in projection_rows(stored.event):
+            projections.append(projection)
+            owners.append(index)
+    return PreparedBatch(rows, projections, owners)
 
 
 def write_batch(
@@ -79,16 +91,17 @@ def write_batch(
 ) -> int:
     """Store the events and set `consumer`'s next offsets (inside `engine.begin()`); the new events."""
     prepared = batch if isinstance(batch, PreparedBatch) else prepare_batch(batch)
-    fresh = insert_events(conn, prepared.event_rows)
-    rerun = rerun_trajectories(conn, fresh)
+    rows = prepared.event_rows
+    fresh = insert_events(conn, rows)
+    rerun = rerun_trajectories(conn, (rows[index] for index in fresh))
     winners = winning_copies(conn, rerun)
+    fresh_set = set(fresh)
     upsert_projections(
         conn,
         (
             projection
-            for row in fresh
-            if row["trajectory_id"] not in winners
-            for projection in prepared.projections[copy_key(row)]
+            for projection, owner in zip(prepared.projections, prepared.owners, strict=True)
+            if owner in fresh_set and rows[owner]["trajectory_id"] not in winners
         ),
     )
     reproject_trajectories(conn, winners)
@@ -96,20 +109,31 @@ def write_batch(
     return len(fresh)
 
 
-def insert_events(conn: Connection, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Insert `rows` (`data` as JSON text) into `events`, skipping copies already there; the rows inserted.
+def insert_events(conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
+    """Insert `rows` (`data` as JSON text) into `events`, skipping copies already there; the
+    indices in `rows` of those inserted (the first of each (id, source) in the batch).
 
-    Copies already stored are looked up first (one indexed query per batch) so that the
-    insert itself is a plain executemany; `ON CONFLICT DO NOTHING` still guards it.
+    A batch usually holds no copy stored before, so it is inserted as it is, inside a savepoint:
+    when the insert's row count says every row went in, no lookup was needed. Otherwise (a sink
+    re-reading what it stored, a writer re-emitting an event it had written) the savepoint is
+    rolled back, the copies already stored are looked up, and only the others are inserted;
+    `ON CONFLICT DO NOTHING` still guards the insert.
     """
     if not rows:
         return []
-    rows = _unique_by(rows, ("id", "source"))
-    existing = _stored_copies(conn, [row["id"] for row in rows])
-    new_rows = [row for row in rows if copy_key(row) not in existing]
-    if new_rows:
-        _execute_many(conn, _statement(conn.dialect, "events", tuple(new_rows[0]), None), new_rows)
-    return new_rows
+    firsts = _first_of_each(rows, ("id", "source"))
+    candidates = rows if len(firsts) == len(rows) else [rows[index] for index in firsts]
+    statement = _statement(conn.dialect, "events", tuple(rows[0]), None)
+    savepoint = conn.begin_nested()
+    if _execute_many(conn, statement, candidates) == len(candidates):
+        savepoint.commit()
+        return firsts
+    savepoint.rollback()
+    existing = _stored_copies(conn, [row["id"] for row in candidates])
+    fresh = [index for index in firsts if (rows[index]["id"], rows[index]["source"]) not in existing]
+    if fresh:
+        _execute_many(conn, statement, [rows[index] for index in fresh])
+    return fresh
 
 
 def _stored_copies(conn: Connection, ids: list[str]) -> set[tuple[str, str]]:
@@ -121,19 +145,37 @@ def _stored_copies(conn: Connection, ids: list[str]) -> set[tuple[str, str]]:
 
 
 def rerun_trajectories(conn: Connection, rows: Iterable[Mapping[str, Any]]) -> set[str]:
-    """The trajectories of these (stored) rows that more than one run wrote: their rollout events'
-    sources and the stored `trajectory.started` copies (every run starts at seq 0) name two writers."""
+    """The trajectories of these (stored) rows that more than one run wrote: two sources among
+    their rollout rows, or a stored `trajectory.started` copy (every run starts at seq 0) from
+    another source than theirs. The query returns only the latter (rare) trajectories, never a
+    row per trajectory: on SQLite every row fetched re-takes the GIL from the decoding thread."""
     sources: dict[str, set[str]] = {}
     for row in rows:
         if row["trajectory_id"] and row["type"] in ROLLOUT_EVENT_TYPES:
             sources.setdefault(row["trajectory_id"], set()).add(row["source"])
-    for chunk in _chunks(list(sources)):
-        query = select(EventRow.trajectory_id, EventRow.source).where(
-            EventRow.trajectory_id.in_(chunk), EventRow.seq == 0, EventRow.type == "trajectory.started"
-        )
-        for trajectory_id, source in conn.execute(query):
-            sources[trajectory_id].add(source)
-    return {trajectory_id for trajectory_id, found in sources.items() if len(found) > 1}
+    rerun = {trajectory_id for trajectory_id, found in sources.items() if len(found) > 1}
+    pairs = [(trajectory_id, *found) for trajectory_id, found in sources.items() if len(found) == 1]
+    first = 0
+    for size in _statement_sizes(len(pairs), ID_LOOKUP_CHUNK):
+        chunk = pairs[first : first + size]
+        first += size
+        sql = _started_elsewhere_sql(conn.dialect.paramstyle, size)
+        rerun.update(row[0] for row in conn.exec_driver_sql(sql, tuple(chain.from_iterable(chunk))))
+    return rerun
+
+
+@lru_cache(maxsize=64)
+def _started_elsewhere_sql(paramstyle: str, pairs: int) -> str:
+    """The trajectories of `pairs` (trajectory id, source) bound pairs with a stored start from
+    another source (plain SQL: compiling a `VALUES` of a thousand rows costs SQLAlchemy ~50 ms)."""
+    mark = "?" if paramstyle == "qmark" else "%s"
+    values = ", ".join([f"({mark}, {mark})"] * pairs)
+    return (
+        f"WITH batch (trajectory_id, source) AS (VALUES {values}) "
+        "SELECT DISTINCT events.trajectory_id FROM batch JOIN events "
+        "ON events.trajectory_id = batch.trajectory_id AND events.seq = 0 "
+        "AND events.type = 'trajectory.started' AND events.source <> batch.source"
+    )
 
 
 def winning_copies(conn: Connection, trajectory_ids: set[str]) -> dict[str, list[WireEvent]]:
@@ -188,9 +230,7 @@ def upsert_projections(conn: Connection, rows: Iterable[ProjectionRow]) -> None:
         buckets.setdefault((row.table, row.key, tuple(row.values)), []).append(row.values)
     for (table_name, key, columns), values in buckets.items():
         # PostgreSQL refuses one statement touching a row twice; keep the last value per key.
-        _execute_many(
-            conn, _statement(conn.dialect, table_name, columns, key), _unique_by(values, key, "last")
-        )
+        _execute_many(conn, _statement(conn.dialect, table_name, columns, key), _last_of_each(values, key))
 
 
 def store_offsets(conn: Connection, consumer: str, offsets: Mapping[tuple[str, int], int]) -> None:
@@ -250,26 +290,42 @@ def _bind(name: str, is_json: bool, postgres: bool) -> Any:
     return cast(text, JSONB) if postgres else text
 
 
-def _execute_many(conn: Connection, statement: _Statement, rows: list[dict[str, Any]]) -> None:
-    """Run `statement` for every row on the driver: these rows hold plain values, so
-    SQLAlchemy's per-row parameter processing (most of the sink's SQL time) is skipped.
+def _execute_many(conn: Connection, statement: _Statement, rows: list[dict[str, Any]]) -> int:
+    """Run `statement` for every row on the driver; the number of rows it changed.
 
-    PostgreSQL: psycopg's executemany (pipelined). SQLite: multi-row `VALUES` of up to
-    `ROWS_PER_STATEMENT` rows, because sqlite3's executemany releases and re-takes the
-    GIL for every row, and each re-take waits behind the sink's decoding thread."""
+    These rows hold plain values, so SQLAlchemy's per-row parameter processing (most of the
+    sink's SQL time) is skipped. PostgreSQL: psycopg's executemany (pipelined). SQLite:
+    multi-row `VALUES` (`_statement_sizes`), because sqlite3's executemany releases and
+    re-takes the GIL for every row, and each re-take waits behind the sink's decoding thread."""
     if statement.order is None:
-        conn.exec_driver_sql(statement.sql, rows)  # type: ignore[arg-type]
-        return
+        return int(conn.exec_driver_sql(statement.sql, rows).rowcount)  # type: ignore[arg-type]
     values = itemgetter(*statement.order)
-    per_statement = max(1, min(ROWS_PER_STATEMENT, SQLITE_VARIABLES // len(statement.order)))
-    for first in range(0, len(rows), per_statement):
-        chunk = rows[first : first + per_statement]
+    most = min(ROWS_PER_STATEMENT, SQLITE_VARIABLES // len(statement.order))
+    changed = first = 0
+    for size in _statement_sizes(len(rows), most):
+        chunk = rows[first : first + size]
+        first += size
         params = (
             tuple(chain.from_iterable(map(values, chunk)))
             if len(statement.order) > 1
             else tuple(map(values, chunk))
         )
-        conn.exec_driver_sql(_multi_row(statement.sql, len(chunk)), params)
+        changed += conn.exec_driver_sql(_multi_row(statement.sql, size), params).rowcount
+    return changed
+
+
+def _statement_sizes(rows: int, most: int) -> list[int]:
+    """`rows` split into statements of few distinct sizes: the largest power of two up to `most`
+    as often as it fits, then the powers of two of what is left (largest first).
+
+    SQLite parses a multi-row `VALUES` anew for every text it has not cached, and parsing one
+    costs 5-40x running it (~4-25 us a row against ~0.6); batches and projection buckets vary
+    in size, so sizing each statement exactly would parse on every batch. With these sizes a
+    connection meets at most ~10 texts per table and column set, all kept in its statement
+    cache (`streams.store.migrate.SQLITE_CACHED_STATEMENTS`)."""
+    top = 1 << (max(most, 1).bit_length() - 1)
+    rest = rows % top
+    return [top] * (rows // top) + [1 << bit for bit in reversed(range(rest.bit_length())) if rest >> bit & 1]
 
 
 @lru_cache(maxsize=256)
@@ -280,14 +336,18 @@ def _multi_row(sql: str, rows: int) -> str:
     return head + values + ", ".join([tail[:end]] * rows) + tail[end:]
 
 
-def _unique_by(rows: list[dict[str, Any]], key: tuple[str, ...], keep: str = "first") -> list[dict[str, Any]]:
-    """One row per `key` value, in first-seen order; the first or the last row of each key."""
-    idents = list(map(itemgetter(*key), rows))  # itemgetter in C: this runs for every row of a batch
-    if keep == "last":
-        return list(dict(zip(idents, rows, strict=True)).values())
+def _first_of_each(rows: list[dict[str, Any]], key: tuple[str, ...]) -> list[int]:
+    """The index of the first row of each `key` value, in order."""
+    idents = list(map(itemgetter(*key), rows))
     if len(set(idents)) == len(rows):  # the usual case: no duplicates
-        return rows
-    unique: dict[Any, dict[str, Any]] = {}
-    for ident, row in zip(idents, rows, strict=True):
-        unique.setdefault(ident, row)
-    return list(unique.values())
+        return list(range(len(rows)))
+    firsts: dict[Any, int] = {}
+    for index, ident in enumerate(idents):
+        firsts.setdefault(ident, index)
+    return list(firsts.values())
+
+
+def _last_of_each(rows: list[dict[str, Any]], key: tuple[str, ...]) -> list[dict[str, Any]]:
+    """One row per `key` value, the last one, in first-seen order."""
+    idents = list(map(itemgetter(*key), rows))  # itemgetter in C: this runs for every row of a batch
+    return list(dict(zip(idents, rows, strict=True)).values())

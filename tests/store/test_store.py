@@ -67,6 +67,22 @@ def test_rewriting_batches_changes_nothing(db_url: str) -> None:
     engine.dispose()
 
 
+def test_a_batch_of_stored_and_new_events_stores_and_projects_only_the_new(db_url: str) -> None:
+    """The writer takes its insert's row count as proof that no copy was stored before; a batch
+    where some were (a re-read) is rolled back to its savepoint and written again without them."""
+    events = generate_events(1200, seed=8)
+    stored = positioned(events)
+    engine = open_store(db_url)
+    with engine.begin() as conn:
+        assert write_batch(conn, stored[:500], ends(stored[:500]), "sink") == 500
+    with engine.begin() as conn:  # the first 500 read again, in one batch with 700 new ones
+        assert write_batch(conn, stored, ends(stored), "sink") == 700
+    assert_events_stored(engine, events)
+    assert_projections(engine, events)
+    assert load_offsets(engine.connect(), "sink") == ends(stored)
+    engine.dispose()
+
+
 def test_a_duplicate_event_id_keeps_the_first_copy_everywhere(db_url: str) -> None:
     events = [e for e in generate_events(400, seed=5) if e.type == "turn.generated"][:3]
     first = events[0]
