@@ -1,15 +1,14 @@
 """torch.distributed for the trainer: the rank group torchrun starts, FSDP2 sharding, collectives.
 
 `torchrun --nproc-per-node N -m rollstream train ...` (or `rollstream train` with
-`trainer.ranks` = N, which execs exactly that: `torchrun_argv`) starts N ranks with
+`trainer.ranks` = N, which execs exactly that: `trainer.torchrun`) starts N ranks with
 RANK / WORLD_SIZE / LOCAL_RANK set. `init_world` joins the process group: gloo on CPU,
 NCCL on cuda devices (RCCL on ROCm builds), `trainer.dist_backend` to force one,
 with `trainer.dist_timeout_s` as its timeout: gloo's default is 30 minutes, so a rank
 that hangs (SIGSTOP, a deadlock) would stall the others that long; with the setting
 their collective fails, they exit, and torchrun (which notices only exits) restarts
-the group. Each rank also dies with torchrun (PR_SET_PDEATHSIG SIGKILL): torchrun starts
-its workers in their own sessions, so a supervisor killing torchrun's process group
-would otherwise leave them running. WORLD_SIZE 1 (or no torchrun) is one plain process.
+the group. Each rank also dies with torchrun (`trainer.torchrun.die_with_torchrun`, first
+thing in `python -m rollstream`). WORLD_SIZE 1 (or no torchrun) is one plain process.
 
 `shard_model` applies FSDP2 (`fully_shard` per decoder layer, then the root):
 parameters, gradients and optimizer state are split across the ranks; each forward
@@ -26,11 +25,11 @@ object gathers, and the global gradient norm of the sharded (DTensor) gradients.
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import logging
 import os
 import signal
-import sys
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,11 +41,10 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer.settings import TrainerSettings
+from trainer.torchrun import launched_by_torchrun
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_PR_SET_PDEATHSIG = 1
-TORCHRUN_ENV = "TORCHELASTIC_RUN_ID"  # set by torchrun (torch.distributed.run) for its workers
 
 
 @dataclass(frozen=True)
@@ -60,14 +58,11 @@ class World:
     device: torch.device
     backend: str = ""
     control: Any = None  # torch.distributed ProcessGroup, None at world 1
+    local_peers: tuple[int, ...] = ()  # pids of the other ranks on this machine
 
     @property
     def leader(self) -> bool:
         return self.rank == 0
-
-
-def launched_by_torchrun() -> bool:
-    return TORCHRUN_ENV in os.environ and "WORLD_SIZE" in os.environ
 
 
 def process_group_backend(settings: TrainerSettings) -> str:
@@ -95,56 +90,43 @@ def init_world(settings: TrainerSettings) -> World:
     size = int(os.environ.get("WORLD_SIZE", "1")) if launched_by_torchrun() else 1
     if size == 1:
         return World(0, 1, 0, torch.device(settings.device))
-    die_with_parent()
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     device = rank_device(settings, local_rank, size)
     backend = process_group_backend(settings)
     timeout = timedelta(seconds=settings.dist_timeout_s)
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=timeout)
+        store = _attempt_store(timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
     control = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
+    places: list[Any] = [None] * size
+    dist.all_gather_object(places, (socket.gethostname(), os.getpid()), group=control)
+    peers = tuple(pid for host, pid in places if host == socket.gethostname() and pid != os.getpid())
     log.info("rank %d of %d: pid %d, %s on %s", rank, size, os.getpid(), backend, device)
-    return World(rank, size, local_rank, device, backend, control)
+    return World(rank, size, local_rank, device, backend, control, peers)
+
+
+def wake_peers(world: World) -> None:
+    """SIGCONT the other ranks on this machine. Called by a rank that fails (a collective timed out
+    on a stopped rank): torchrun then SIGTERMs the group and waits 30 s before SIGKILL, and a
+    stopped process acts on neither; woken, it fails in its next collective and the restart
+    comes at once."""
+    for pid in world.local_peers:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def _attempt_store(timeout: timedelta) -> Any:
+    """torchrun's store under a prefix of this attempt (TORCHELASTIC_RESTART_COUNT): torchrun keeps one
+    store server across restarts of the group, so without it a restarted rank can read a dead
+    rank's gloo address from the attempt before and fail to connect."""
+    store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
+    store.set_timeout(timeout)
+    return dist.PrefixStore(f"rollstream/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def close_world(world: World) -> None:
     if world.size > 1 and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def die_with_parent() -> None:
-    """SIGKILL this process when its parent (torchrun) dies, even a stopped one; exit now if the
-    parent is already gone."""
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:
-        os._exit(1)
-
-
-def torchrun_argv(ranks: int, max_restarts: int, args: Sequence[str]) -> list[str]:
-    """`python -m torch.distributed.run` (torchrun) starting `ranks` ranks of `rollstream ARGS` on
-    this machine, restarting the group up to `max_restarts` times after a rank fails."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes=1",
-        f"--nproc-per-node={ranks}",
-        f"--max-restarts={max_restarts}",
-        "-m",
-        "rollstream",
-        *args,
-    ]
-
-
-def torchrun_env(environ: dict[str, str], ranks: int, threads: int) -> dict[str, str]:
-    """The environment for torchrun: OMP_NUM_THREADS per rank (`trainer.torch_threads`, else the
-    machine's cores shared out) unless the caller set it."""
-    per_rank = threads or max(1, (os.cpu_count() or 1) // ranks)
-    return {"OMP_NUM_THREADS": str(per_rank), **environ}
 
 
 class CommClock:

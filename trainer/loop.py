@@ -159,6 +159,8 @@ class RlTrainer:
         self.saved_step = state.step
 
     async def run(self, stop: asyncio.Event) -> TrainerState:
+        if self.max_steps is not None and self.state.step >= self.max_steps:
+            return self.state  # resumed at its last step (restarted after it finished): nothing to read
         async with (
             EventProducer(self.kafka, self.topics) as producer,
             self._consumer("groups") as groups,

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from trainer.backends import TrainBackend
 from trainer.batch import TrainSample
-from trainer.distributed import World
+from trainer.distributed import World, wake_peers
 from trainer.step import SftSequence, StepMetrics
 
 log = logging.getLogger(__name__)
@@ -48,9 +48,11 @@ Kind = Literal["wait", "rl_step", "sft_step", "gather", "save", "stop"]
 
 @dataclass(frozen=True)
 class Command:
-    """What every rank does next; `items` are the step's whole batch, `path` a checkpoint's state."""
+    """What every rank does next; `step`: the step it belongs to; `items`: the step's whole batch;
+    `path`: a checkpoint's state directory."""
 
     kind: Kind
+    step: int = 0
     items: tuple[Any, ...] = ()
     path: str = ""
 
@@ -75,8 +77,10 @@ class Channel:
 class LeaderBackend:
     """Rank 0's `TrainBackend`: every collective operation announced to the followers first."""
 
-    def __init__(self, backend: TrainBackend, channel: Channel, keepalive_s: float) -> None:
-        self.inner, self.channel, self.keepalive_s = backend, channel, keepalive_s
+    def __init__(self, backend: TrainBackend, channel: Channel, keepalive_s: float, step: int = 0) -> None:
+        """`channel` to the followers; a keepalive after `keepalive_s` of quiet (module docstring);
+        `step`: the steps trained before (a resumed run's), for the followers' logs."""
+        self.inner, self.channel, self.keepalive_s, self.step = backend, channel, keepalive_s, step
         self._lock = threading.Lock()
         self._quiet_since = time.monotonic()
         self._closed = threading.Event()
@@ -88,16 +92,21 @@ class LeaderBackend:
         return self.inner.state_kind
 
     def rl_step(self, samples: Sequence[TrainSample]) -> StepMetrics:
-        return self._run(Command("rl_step", tuple(samples)), lambda: self.inner.rl_step(samples))
+        self.step += 1
+        command = Command("rl_step", self.step, tuple(samples))
+        return self._run(command, lambda: self.inner.rl_step(samples))
 
     def sft_step(self, sequences: Sequence[SftSequence]) -> StepMetrics:
-        return self._run(Command("sft_step", tuple(sequences)), lambda: self.inner.sft_step(sequences))
+        self.step += 1
+        command = Command("sft_step", self.step, tuple(sequences))
+        return self._run(command, lambda: self.inner.sft_step(sequences))
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        return self._run(Command("gather"), self.inner.hf_state_dict)
+        return self._run(Command("gather", self.step), self.inner.hf_state_dict)
 
     def save_state(self, directory: Path) -> list[dict[str, Any]]:
-        return self._run(Command("save", path=str(directory)), lambda: self.inner.save_state(directory))
+        command = Command("save", self.step, path=str(directory))
+        return self._run(command, lambda: self.inner.save_state(directory))
 
     def load_state(self, directory: Path, rng: Sequence[dict[str, Any]]) -> None:
         self.inner.load_state(directory, rng)  # every rank loads at its start, before any command
@@ -108,7 +117,7 @@ class LeaderBackend:
         self._thread.join()
         if stop_followers:
             with self._lock:
-                self.channel.send(Command("stop"))
+                self.channel.send(Command("stop", self.step))
 
     def _run(self, command: Command, operation: Callable[[], Any]) -> Any:
         with self._lock:
@@ -129,17 +138,26 @@ class LeaderBackend:
                     self._quiet_since = time.monotonic()
             except Exception as error:  # the group is broken: only a restart of all ranks mends it
                 log.error("rank group broken (%s): exiting so torchrun restarts the group", error)
+                wake_peers(self.channel.world)
                 logging.shutdown()
                 os._exit(EXIT_GROUP_BROKEN)
             finally:
                 self._lock.release()
 
 
-def follow(backend: TrainBackend, channel: Channel) -> int:
-    """A follower rank: run rank 0's commands until it says stop; returns the steps trained."""
+def follow(backend: TrainBackend, channel: Channel, pause_s: float = 0.0) -> int:
+    """A follower rank: run rank 0's commands until it says stop; returns the steps trained.
+    Each command but `wait` is logged as `phase=follow.<kind> step=<n> rank=<r>`, then
+    `pause_s` slept (`trainer.phase_pause_s`, the kill tests' hook: rank 0 is inside the
+    operation then, waiting for this rank)."""
     steps = 0
     while True:
         command = channel.receive()
+        if command.kind == "wait":
+            continue
+        log.info("phase=follow.%s step=%d rank=%d", command.kind, command.step, channel.world.rank)
+        if pause_s:
+            time.sleep(pause_s)
         if command.kind == "stop":
             return steps
         if command.kind == "rl_step":

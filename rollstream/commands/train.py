@@ -13,7 +13,7 @@ SFT (`--sft DATASET --out DIR [--epochs E]`): trains on a dataset written by
 
 Data parallel: with `--ranks N` (default `trainer.ranks`) > 1 the command resolves the
 model once, then execs `torchrun --standalone --nproc-per-node N --max-restarts
-trainer.max_restarts -m rollstream train ...` (`trainer.distributed.torchrun_argv`);
+trainer.max_restarts -m rollstream -- train ...` (`trainer.torchrun`);
 started by torchrun (also by hand, on several nodes) each rank joins the group
 (`trainer.distributed.init_world`). Rank 0 is the trainer as above, the other ranks
 follow its commands (`trainer.rank_group`). Every rank beats its own heartbeat file, so
@@ -39,19 +39,13 @@ from streams.heartbeat import mark_rank_start, start_heartbeat
 from trainer.backends import TorchBackend, TrainBackend
 from trainer.checkpoint import load_model
 from trainer.checkpoint import read_config as read_model_config
-from trainer.distributed import (
-    World,
-    close_world,
-    init_world,
-    launched_by_torchrun,
-    torchrun_argv,
-    torchrun_env,
-)
+from trainer.distributed import World, close_world, init_world, wake_peers
 from trainer.loop import RlTrainer, RunTarget, TrainerState
 from trainer.publish import remove_temp_dirs, run_weights_dir
 from trainer.rank_group import Channel, LeaderBackend, follow
 from trainer.resume import Checkpoint, CheckpointError, checkpoint_path, load_checkpoint, restore_backend
 from trainer.sft import SftDatasetError, SftPosition, SftTrainer, read_sft_dataset
+from trainer.torchrun import launched_by_torchrun, torchrun_argv, torchrun_env
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,10 +112,16 @@ def command(
     if wanted > 1 and not launched_by_torchrun():
         resolve_model_dir(cfg, dtype=cfg.trainer.dtype)  # fetched once here, not by every rank
         _exec_torchrun(cfg, wanted, args)
+    _configure_logging(launched_by_torchrun())
     world = init_world(cfg.trainer)
-    _configure_logging(world)
     try:
         _train(cfg, world, args)
+    except Exception as error:
+        if world.size > 1:
+            log = logging.getLogger("trainer")
+            log.error("rank %d failed (%s): torchrun restarts the group", world.rank, error)
+            wake_peers(world)  # a rank stopped by SIGSTOP would hold up torchrun's restart 30 s
+        raise
     finally:
         close_world(world)
 
@@ -133,8 +133,8 @@ def _exec_torchrun(cfg: Config, ranks: int, args: TrainArgs) -> None:
     os.execve(sys.executable, argv, torchrun_env(dict(os.environ), ranks, cfg.trainer.torch_threads))
 
 
-def _configure_logging(world: World) -> None:
-    where = f" rank={world.rank}" if world.size > 1 else ""
+def _configure_logging(ranked: bool) -> None:
+    where = f" rank={os.environ.get('RANK', '0')}" if ranked else ""
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s{where} %(name)s %(message)s")
     logging.getLogger("trainer").setLevel(logging.INFO)
 
@@ -163,12 +163,12 @@ def _train(cfg: Config, world: World, args: TrainArgs) -> None:
         if world.leader:
             console.print(f"resumed run {args.run} at step {state.step}, version {state.version}")
     if not world.leader:
-        steps = asyncio.run(_follow_until_stop(backend, world))
+        steps = asyncio.run(_follow_until_stop(backend, world, cfg.trainer.phase_pause_s))
         logging.getLogger("trainer").info("rank %d followed %d steps", world.rank, steps)
         return
     leader: TrainBackend = backend
     if world.size > 1:
-        leader = LeaderBackend(backend, Channel(world), cfg.trainer.dist_keepalive_s)
+        leader = LeaderBackend(backend, Channel(world), cfg.trainer.dist_keepalive_s, state.step)
     try:
         _lead(cfg, target, leader, state, resumed, args)
     except BaseException:
@@ -220,10 +220,11 @@ def make_backend(cfg: Config, target: RunTarget, *, lr: float, world: World | No
     if cfg.trainer.backend == "torch":
         return TorchBackend(model, cfg.trainer, lr=lr, temperature=cfg.agent.temperature, world=world)
     from trainer.megatron_backend import MegatronBackend, MegatronUnavailable
+    from trainer.megatron_parallel import LayoutError
 
     try:
-        return MegatronBackend(model, cfg.trainer, lr=lr, temperature=cfg.agent.temperature)
-    except MegatronUnavailable as error:
+        return MegatronBackend(model, cfg.trainer, lr=lr, temperature=cfg.agent.temperature, world=world)
+    except (MegatronUnavailable, LayoutError) as error:
         fail(str(error))
 
 
@@ -271,7 +272,7 @@ async def _until_signal(start: Any) -> TrainerState:
     return result
 
 
-async def _follow_until_stop(backend: TrainBackend, world: World) -> int:
+async def _follow_until_stop(backend: TrainBackend, world: World, pause_s: float) -> int:
     """A follower rank: rank 0's commands in a worker thread, the heartbeat in this loop. SIGTERM and
     SIGINT are ignored: rank 0 decides when the group stops (it checkpoints with every rank first);
     a follower whose rank 0 is gone fails in its next collective."""
@@ -279,4 +280,4 @@ async def _follow_until_stop(backend: TrainBackend, world: World) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: None)
     start_heartbeat()
-    return await asyncio.to_thread(follow, backend, Channel(world))
+    return await asyncio.to_thread(follow, backend, Channel(world), pause_s)

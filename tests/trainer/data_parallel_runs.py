@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import random
 import sys
 from dataclasses import dataclass
@@ -39,7 +40,14 @@ CONFIG = ModelConfig(
 )
 STEPS = 8
 SAVE_AFTER = 4
-BASE = TrainerSettings(lr=3e-3, torch_threads=1, micro_batch_tokens=40, dist_timeout_s=60.0)
+# DP_RUNS_DEVICE=cuda: the same runs on GPUs (NCCL), as scripts/gpu_smoke.sh does.
+BASE = TrainerSettings(
+    lr=3e-3,
+    torch_threads=1,
+    micro_batch_tokens=40,
+    dist_timeout_s=60.0,
+    device=os.environ.get("DP_RUNS_DEVICE", "cpu"),
+)
 
 
 @dataclass(frozen=True)
