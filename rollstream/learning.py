@@ -321,7 +321,8 @@ def start_rl_processes(
         "rollout",
         ["rollout", "--tasks", str(paths.train_tasks), "--engine", url, "--model", str(start_model)],
     )
-    pipeline.start("trainer", ["train", "--run", run_id, "--steps", str(steps), *model_arg], completes=True)
+    trainer_args = ["train", "--run", run_id, "--steps", str(steps), *model_arg]
+    pipeline.start("trainer", trainer_args, completes=True, ranks=cfg.trainer.ranks)  # torchrun when > 1
     return url
 
 

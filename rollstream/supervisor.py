@@ -17,6 +17,13 @@ process group and restarted after an exponential backoff (`backoff_s` doubling u
 `backoff_max_s`). A run of `healthy_after_s` resets the backoff; past `max_restarts`
 consecutive restarts the child is given up (state `failed`) and `check_alive` raises.
 Every restart is logged to the child's log and to `<log_dir>/supervisor.log`.
+A child started with `ranks=N` > 1 (the data-parallel trainer: torchrun and its N ranks)
+is as old as its stalest running rank: each rank beats `<name>.heartbeat.rank<r>`, and a
+hung rank is found while the others beat on (a rank that exited is not judged: torchrun
+restarts or ends the group); ages count from the group's last (re)start
+(`<name>.heartbeat.start`, touched by each rank as it starts), so a group torchrun
+restarted gets the startup grace again. SIGKILL of torchrun's group takes its ranks
+too: they die with their parent (`trainer.torchrun.die_with_torchrun`).
 
 `stop()` stops the children in reverse start order, each before the next is signalled:
 SIGTERM to the child alone (a rollout worker drains its episodes), up to `stop_timeout_s`
@@ -46,7 +53,14 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollstream.launcher.process import KILL_WAIT_S, log_tail
-from streams.heartbeat import HEARTBEAT_FILE_ENV, HEARTBEAT_INTERVAL_ENV, beat_age_s
+from streams.heartbeat import (
+    HEARTBEAT_FILE_ENV,
+    HEARTBEAT_INTERVAL_ENV,
+    beat_age_s,
+    beat_pid,
+    rank_file,
+    start_file,
+)
 
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here, not in the forked child
@@ -119,10 +133,30 @@ class _Child:
     reason: str = ""
     restart_at: float = 0.0
     completes: bool = False
+    ranks: int = 1  # processes beating under this name (torchrun's ranks)
 
 
 def _die_with_parent() -> None:
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _running(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def _killpg(pgid: int, sig: signal.Signals) -> None:
@@ -150,16 +184,17 @@ class Supervisor:
 
     # ---- the Pipeline API ----
     def start(
-        self, name: str, args: list[str], *, heartbeat: bool = True, completes: bool = False
+        self, name: str, args: list[str], *, heartbeat: bool = True, completes: bool = False, ranks: int = 1
     ) -> subprocess.Popen[bytes]:
         """Start `rollstream <args>` as `name` and supervise it (`heartbeat=False`: exits only;
         `completes=True`: an exit with code 0 means its work is done, e.g. `train --steps N`,
-        and it is not restarted)."""
+        and it is not restarted; `ranks`: how many ranks beat under this name, see above)."""
         with self._lock:
             if name in self._children:
                 raise ValueError(f"a process named {name!r} is already supervised")
             self._children[name] = self._spawn(name, args, heartbeat)
             self._children[name].completes = completes
+            self._children[name].ranks = ranks
             self._note(name, f"started (pid {self._children[name].popen.pid}): rollstream {' '.join(args)}")
         if self._watcher is None:
             self._watcher = threading.Thread(target=self._watch, name="supervisor", daemon=True)
@@ -226,7 +261,7 @@ class Supervisor:
 
     def _status(self, child: _Child, now: float) -> ProcessStatus:
         alive = child.state is State.RUNNING
-        age = beat_age_s(self._beat_file(child.name), child.started_at) if alive and child.heartbeat else None
+        age = self._beat_age(child)[0] if alive and child.heartbeat else None
         return ProcessStatus(
             name=child.name,
             pid=child.popen.pid if alive else None,
@@ -270,15 +305,35 @@ class Supervisor:
             return f"exited with code {code}"
         if not child.heartbeat:
             return ""
-        age = beat_age_s(self._beat_file(child.name), child.started_at)
+        age, since, who = self._beat_age(child)
         if age is None:
-            waited = time.time() - child.started_at
+            waited = time.time() - since
             if waited > self.settings.startup_grace_s:
-                return f"hung: no heartbeat {waited:.0f} s after its start"
+                return f"hung: no heartbeat{who} {waited:.0f} s after its start"
             return ""
         if age > self.settings.hung_after_s:
-            return f"hung: last heartbeat {age:.0f} s ago"
+            return f"hung: last heartbeat{who} {age:.0f} s ago"
         return ""
+
+    def _beat_age(self, child: _Child) -> tuple[float | None, float, str]:
+        """(age of the child's stalest beat, None while one is missing; the unix time ages count
+        from; which rank, for messages)."""
+        base = self._beat_file(child.name)
+        if child.ranks == 1:
+            return beat_age_s(base, child.started_at), child.started_at, ""
+        since = max(child.started_at, _mtime(start_file(base)))
+        ages: dict[int, float] = {}
+        for rank in range(child.ranks):
+            file = rank_file(base, rank)
+            age = beat_age_s(file, since)
+            if age is None:
+                return None, since, f" of rank {rank}"
+            if _running(beat_pid(file)):  # a rank that exited is torchrun's to restart, not a hang
+                ages[rank] = age
+        if not ages:
+            return None, max(since, *(_mtime(rank_file(base, r)) for r in range(child.ranks))), ""
+        stalest = max(ages, key=lambda rank: ages[rank])
+        return ages[stalest], since, f" of rank {stalest}"
 
     def _fail(self, child: _Child, reason: str, now: float) -> None:
         _killpg(child.popen.pid, signal.SIGKILL)  # a hung (even stopped) child and what it started

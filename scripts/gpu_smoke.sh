@@ -19,6 +19,16 @@
 #   5. per model, one /generate of a prompt rendered with the model's own chat template (our client's
 #      request body and parser): the answer must report weight version 1, and the engine's logprobs are
 #      compared with the trainer's (PolicyModel of version 1).
+#   6. megatron's parallel state under torchrun, one rank per GPU (NGPU = the GPUs torch sees): the small
+#      model (2 query groups) at tensor parallel NGPU when that is 1 or 2, else 2 with the other ranks data
+#      parallel; SmolLM2 (9 heads, 3 kv heads: tensor parallel 2 cannot split its query groups) at the
+#      largest of 1 or 3 that NGPU allows, the other ranks data parallel. Per run: the shards gathered back equal the HF weights, logprobs against
+#      PolicyModel's, one RL step moves the weights, a version published from rank 0 in the base's layout,
+#      and a checkpoint (each tensor-parallel rank's shard) restored into a fresh backend holds the same
+#      weights;
+#   7. where two or more GPUs are: the torch backend data parallel over NCCL (FSDP2, tests/trainer/
+#      data_parallel_runs.py on cuda): NGPU ranks against one on the same batches, weights within
+#      DP_MAX_GAP of the largest weight after 8 fp32 steps.
 #
 # Prerequisites (checked below): an NVIDIA (CUDA) or AMD (ROCm) GPU visible to torch; `pip install '.[gpu]'`
 # (megatron-core, sglang) and Transformer Engine for this CUDA/ROCm in the Python at $PYTHON; torchrun;
@@ -31,6 +41,7 @@
 # SMOLLM2_MEGATRON_MAX_LOGPROB_GAP (default 0.1: the same for SmolLM2; Transformer Engine runs fp32
 # GEMMs as TF32 by default, which over 30 layers is far above 1e-3 yet far below a conversion error's
 # gap of whole nats).
+# DP_MAX_GAP (default 1e-5: world NGPU against world 1, largest weight difference over the largest weight).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,6 +53,7 @@ SGLANG_ARGS="${SGLANG_ARGS:---mem-fraction-static 0.3 --disable-cuda-graph}"
 SGLANG_START_S="${SGLANG_START_S:-600}"
 export MAX_LOGPROB_GAP="${MAX_LOGPROB_GAP:-0.05}" MEGATRON_MAX_LOGPROB_GAP="${MEGATRON_MAX_LOGPROB_GAP:-1e-3}"
 SMOLLM2_MEGATRON_MAX_LOGPROB_GAP="${SMOLLM2_MEGATRON_MAX_LOGPROB_GAP:-0.1}"
+DP_MAX_GAP="${DP_MAX_GAP:-1e-5}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" WORK SGLANG_PORT
 
 die() { echo "gpu_smoke: FAILED: $*" >&2; exit 1; }
@@ -186,6 +198,74 @@ print(f"{name}: engine vs trainer logprobs (version 1): mean |d| {gap:.4f} over 
 assert gap <= float(os.environ["MAX_LOGPROB_GAP"]), "the engine does not serve the weights the trainer wrote"
 EOF
 
+cat > "$WORK/megatron_parallel.py" <<'EOF'
+import os, sys
+from array import array
+from pathlib import Path
+import torch
+import torch.distributed as dist
+from trainer.batch import TrainSample
+from trainer.checkpoint import load_model
+from trainer.distributed import init_world
+from trainer.loss import next_token_logprobs
+from trainer.megatron_backend import MegatronBackend
+from trainer.publish import write_version
+from trainer.settings import MegatronSettings, TrainerSettings
+
+name, base, tp, bound = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+work = Path(os.environ["WORK"])
+settings = TrainerSettings(backend="megatron", device="cuda", lr=1e-4, micro_batch_tokens=512,
+                           megatron=MegatronSettings(tensor_parallel=tp))
+world = init_world(settings)
+policy = load_model(base)
+backend = MegatronBackend(policy, settings, lr=settings.lr, world=world)
+size = dist.get_world_size() if dist.is_initialized() else 1
+lead = world.rank == 0
+print(f"{name} rank {world.rank}: tensor parallel {backend.layout.tensor}, data parallel {backend.layout.data}")
+reference = {k: t.float() for k, t in policy.state_dict().items()}
+loaded = backend.hf_state_dict()  # every rank gathers its tensor-parallel group's shards
+if lead:
+    assert loaded.keys() == reference.keys() and all(torch.equal(loaded[k], reference[k]) for k in reference), \
+        "the shards gathered back are not the HF weights"
+ids = torch.randint(0, policy.config.vocab_size, (2, 96), generator=torch.Generator().manual_seed(0))
+with torch.no_grad():
+    theirs = next_token_logprobs(backend.model(ids.to(backend.device)), ids.to(backend.device))
+if lead:
+    with torch.no_grad():
+        ours = next_token_logprobs(policy.to(backend.device)(ids.to(backend.device)), ids.to(backend.device))
+    gap = float((ours - theirs).abs().max())
+    print(f"{name} tp {tp}: megatron vs PolicyModel max |dlogprob| {gap:.3e}")
+    assert gap <= bound, f"the sharded GPTModel does not compute what PolicyModel does (bound {bound:g})"
+    policy.cpu()
+samples = [  # every replica gets the whole batch and trains its share (trainer.data_parallel)
+    TrainSample(group_id="g", trajectory_id=f"t{row}", token_ids=array("i", ids[row].tolist()),
+                loss_mask=array("b", [0] * 48 + [1] * 48), rollout_logprobs=array("d", [0.0] + theirs[row].tolist()),
+                token_versions=array("i", [0] * 96), advantage=advantage, reward=float(advantage > 0))
+    for row, advantage in enumerate((1.0, -1.0))
+]
+metrics = backend.rl_step(samples)
+after = backend.hf_state_dict()
+if lead:
+    print(f"{name} tp {tp}: rl_step {metrics}")
+    assert max(float((after[k] - loaded[k]).abs().max()) for k in loaded) > 0, "the RL step did not move the weights"
+    published = write_version(after, policy.config, base_dir=base, weights_dir=work / f"weights-tp{tp}",
+                              run_id=name, version=1)
+    assert load_model(published.path).state_dict().keys() == reference.keys()
+    print(f"{name} tp {tp}: published {published.path}")
+state = work / f"state-{name}-tp{tp}"
+if lead:
+    state.mkdir(parents=True, exist_ok=True)
+if dist.is_initialized():
+    dist.barrier()
+rng = backend.save_state(state)
+again = MegatronBackend(load_model(base), settings, lr=settings.lr, world=world)
+again.load_state(state, rng)
+restored = again.hf_state_dict()
+if lead:
+    assert all(torch.equal(restored[k], after[k]) for k in after), "the checkpoint did not restore the weights"
+    print(f"{name} tp {tp} on {size} ranks: checkpoint restored the weights exactly")
+EOF
+
 SGLANG_PID=""
 stop_sglang() {
     if [ -n "$SGLANG_PID" ]; then
@@ -224,4 +304,51 @@ step "2+3. smollm2: megatron round trip, step and weight publish (torchrun, one 
     "$SMOLLM2_MEGATRON_MAX_LOGPROB_GAP" || die "the megatron step or the publish failed (smollm2)"
 sglang_follow small "$WORK/base"
 sglang_follow smollm2 "$SMOLLM2_DIR"
-step "OK: both models: megatron round trip and step, publish, SGLang load of version 1 and generate (work dir $WORK)"
+
+NGPU="$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")"
+megatron_parallel() {  # NAME BASE_DIR TP RANKS BOUND
+    step "6. $1: megatron under torchrun, tensor parallel $3 on $4 ranks"
+    "$TORCHRUN" --standalone --nproc-per-node "$4" "$WORK/megatron_parallel.py" "$1" "$2" "$3" "$5" \
+        || die "megatron at tensor parallel $3 on $4 ranks failed ($1)"
+}
+SMALL_TP=1  # the small model has 2 query groups: tensor parallel 1 or 2, the other ranks data parallel
+if [ "$NGPU" -ge 2 ]; then SMALL_TP=2; fi
+megatron_parallel small "$WORK/base" "$SMALL_TP" "$(( NGPU / SMALL_TP * SMALL_TP ))" "$MEGATRON_MAX_LOGPROB_GAP"
+SMOLLM2_TP=1
+if [ "$NGPU" -ge 3 ]; then SMOLLM2_TP=3; fi
+megatron_parallel smollm2 "$SMOLLM2_DIR" "$SMOLLM2_TP" "$(( NGPU / SMOLLM2_TP * SMOLLM2_TP ))" \
+    "$SMOLLM2_MEGATRON_MAX_LOGPROB_GAP"
+
+if [ "$NGPU" -ge 2 ]; then
+    step "7. torch backend, FSDP2 over NCCL: $NGPU ranks against one on the same batches"
+    mkdir -p "$WORK/dp-one" "$WORK/dp-many"
+    DP_RUNS_DEVICE=cuda "$PYTHON" - "$WORK/dp-one" <<'EOF' || die "the one-GPU reference runs failed"
+import sys, torch
+from pathlib import Path
+from tests.trainer.data_parallel_runs import SCENARIOS, run_scenario
+out = Path(sys.argv[1])
+for scenario in SCENARIOS:
+    if scenario.name != "from_world1":
+        torch.save(run_scenario(scenario, out), out / f"{scenario.name}.pt")
+EOF
+    cp -r "$WORK/dp-one/resume.state" "$WORK/dp-many/world1.state"
+    cp "$WORK/dp-one/resume.rng" "$WORK/dp-many/world1.rng"
+    DP_RUNS_DEVICE=cuda "$TORCHRUN" --standalone --nproc-per-node "$NGPU" -m tests.trainer.data_parallel_runs \
+        "$WORK/dp-many" || die "the torch backend on $NGPU NCCL ranks failed"
+    "$PYTHON" - "$WORK" "$DP_MAX_GAP" <<'EOF' || die "$NGPU ranks did not take the update of one"
+import sys, torch
+from pathlib import Path
+work, bound = Path(sys.argv[1]), float(sys.argv[2])
+for name in ("token_mean", "seq_mean", "lora", "sft", "from_world1"):
+    one = torch.load(work / "dp-one" / f"{'resume' if name == 'from_world1' else name}.pt", weights_only=False)
+    many = torch.load(work / "dp-many" / f"{name}.pt", weights_only=False)
+    a, b = one["weights"], many["weights"]
+    gap = max(float((a[k] - b[k]).abs().max()) for k in a) / max(float(t.abs().max()) for t in a.values())
+    print(f"torch backend, {name}: largest weight difference {gap:.2e} of the largest weight")
+    assert gap <= bound, f"{name}: {gap:.2e} > {bound:g}"
+EOF
+fi
+step "OK: both models: megatron round trip and step, publish, SGLang load of version 1 and generate; megatron \
+under torchrun (small at tensor parallel $SMALL_TP, SmolLM2 at $SMOLLM2_TP); torch backend on NCCL ranks where 2+ GPUs \
+(work dir $WORK)"
+

@@ -251,6 +251,11 @@ class StepTimes(BaseModel):
     )
     logprob_s: float = Field(default=0.0, ge=0, description="trainer logprobs under the behaviour weights")
     update_s: float = Field(default=0.0, ge=0, description="forward/backward and optimiser step")
+    comm_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="of logprob_s + update_s: inside data-parallel collectives (CPU ranks; 0 at one rank)",
+    )
     publish_s: float = Field(default=0.0, ge=0, description="writing, hashing and announcing the version")
     total_s: float = Field(default=0.0, ge=0)
 

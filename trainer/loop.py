@@ -56,7 +56,7 @@ from trainer.intake import STALE, TRAIN, ZERO_VARIANCE, TrajectoryBuffer, batch_
 from trainer.model import ModelConfig
 from trainer.ordering import PartitionMerger
 from trainer.publish import announce, prune_versions, step_event, write_version
-from trainer.resume import Checkpoint, save_checkpoint
+from trainer.resume import Checkpoint, fresh_state_dir, save_checkpoint
 from trainer.settings import TrainerSettings
 from trainer.step import StepMetrics
 from trainer.waits import WaitClock, WaitSplit
@@ -88,8 +88,11 @@ class TrainerState:
 def save_run_checkpoint(
     target: RunTarget, state: TrainerState, backend: TrainBackend, *, mode: str, **position: Any
 ) -> None:
-    """Checkpoint the run as of the end of its last step; `position` is the mode's own
-    (RL: offsets and taken groups; SFT: `extra` with epoch and index)."""
+    """Checkpoint the run as of the end of its last step (`trainer.resume`: the backend state by
+    every rank, then the manifest by this one); `position` is the mode's own (RL: offsets and
+    taken groups; SFT: `extra` with epoch and index)."""
+    directory = fresh_state_dir(target.checkpoint, state.step)
+    rng = backend.save_state(directory)
     save_checkpoint(
         target.checkpoint,
         Checkpoint(
@@ -98,7 +101,9 @@ def save_run_checkpoint(
             version=state.version,
             step=state.step,
             model_shape=target.model_shape,
-            backend_state=backend.checkpoint_state(),
+            state=directory.name,
+            state_kind=backend.state_kind,
+            rng=rng,
             **position,
         ),
     )
@@ -158,6 +163,8 @@ class RlTrainer:
         self.saved_step = state.step
 
     async def run(self, stop: asyncio.Event) -> TrainerState:
+        if self.max_steps is not None and self.state.step >= self.max_steps:
+            return self.state  # resumed at its last step (restarted after it finished): nothing to read
         async with (
             EventProducer(self.kafka, self.topics) as producer,
             self._consumer("groups") as groups,
@@ -308,6 +315,7 @@ class RlTrainer:
                 wait_cpu_busy=wait.cpu_busy,
                 logprob_s=metrics.logprob_s,
                 update_s=metrics.update_s,
+                comm_s=metrics.comm_s,
                 publish_s=publish_s,
                 total_s=wait.wait_s + metrics.logprob_s + metrics.update_s + publish_s,
             ),

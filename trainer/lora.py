@@ -11,6 +11,8 @@ the base directory again, so a resumed run is bit-identical.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
@@ -41,14 +43,28 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every weight under its Hugging Face name, fp32 on CPU, adapters merged into their base."""
     from peft.tuners.lora import LoraLayer
 
+    layers = [m for m in model.modules() if isinstance(m, LoraLayer) and ADAPTER in m.lora_A]
+    scalings = {m.scaling[ADAPTER] for m in layers}
+    if len(scalings) != 1:
+        raise ValueError(f"expected one LoRA scaling across the adapters, found {sorted(scalings)}")
+    return merge_lora_state(model.state_dict(), scalings.pop())
+
+
+def merge_lora_state(state: Mapping[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+    """A LoRA-wrapped model's full state dict (base weights under `.base_layer.`, adapters as
+    `.lora_A/B.default.weight`) as plain HF weights: W + (B @ A) * scaling, as peft's
+    `get_delta_weight` computes it, fp32 on CPU. `scaling` = alpha / rank."""
     merged: dict[str, torch.Tensor] = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in state.items():
         if ".lora_" not in name:
             merged[name.replace(".base_layer.", ".")] = tensor.detach().float().cpu()
-    for name, module in model.named_modules():
-        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
-            delta = module.get_delta_weight(ADAPTER).detach().float().cpu()
-            merged[f"{name}.weight"] = merged[f"{name}.weight"] + delta
+    suffix = f".lora_A.{ADAPTER}.weight"
+    for name, lora_a in state.items():
+        if name.endswith(suffix):
+            module = name[: -len(suffix)]
+            lora_b = state[f"{module}.lora_B.{ADAPTER}.weight"]
+            delta = (lora_b.detach().float().cpu() @ lora_a.detach().float().cpu()) * scaling
+            merged[f"{module}.weight"] = merged[f"{module}.weight"] + delta
     return {name: t.contiguous() for name, t in merged.items()}
 
 

@@ -43,6 +43,16 @@ class Denominators:
     def of(cls, masks: Sequence[torch.Tensor]) -> Denominators:
         """From target-aligned masks, one 1-D tensor (or one (B, T-1) batch) each."""
         counts = [int(c) for m in masks for c in (m.reshape(-1, m.shape[-1]) > 0).sum(-1).tolist()]
+        return cls.of_counts(counts)
+
+    @classmethod
+    def of_loss_masks(cls, loss_masks: Sequence[Sequence[int]]) -> Denominators:
+        """From whole sequences' loss masks (not target-aligned: the first token is never a target);
+        what every data-parallel rank computes for the global batch."""
+        return cls.of_counts([sum(1 for m in mask[1:] if m > 0) for mask in loss_masks])
+
+    @classmethod
+    def of_counts(cls, counts: Sequence[int]) -> Denominators:
         return cls(tokens=sum(counts), sequences=sum(1 for c in counts if c > 0))
 
 
@@ -189,24 +199,61 @@ class MismatchMetrics:
     ess_seq: float  # sequence-level: weight = exp(Σ over the sequence's tokens of the log-ratio)
 
 
-def mismatch_metrics(
+@dataclass(frozen=True)
+class MismatchParts:
+    """A share of a batch's mismatch figures as sums that add up across data-parallel ranks:
+    Σ|log-ratio|, the token count, logsumexp of the token log-ratios and of twice them, and each
+    sequence's summed log-ratio (in order)."""
+
+    abs_sum: float = 0.0
+    tokens: int = 0
+    lse: float = -math.inf
+    lse_twice: float = -math.inf
+    sequences: tuple[float, ...] = ()
+
+
+def mismatch_parts(
     logp_old: Sequence[torch.Tensor], logp_rollout: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]
-) -> MismatchMetrics:
+) -> MismatchParts:
     """From per-sequence target-aligned 1-D tensors; sequences without loss tokens are skipped."""
     token_lw: list[torch.Tensor] = []
-    seq_lw: list[torch.Tensor] = []
+    seq_lw: list[float] = []
     for old, rollout, mask in zip(logp_old, logp_rollout, masks, strict=True):
         on = mask > 0
         if not bool(on.any()):
             continue
         diff = (old.detach().double() - rollout.double())[on]
         token_lw.append(diff)
-        seq_lw.append(diff.sum()[None])
+        seq_lw.append(float(diff.sum()))
     if not token_lw:
-        return MismatchMetrics(0.0, 1.0, 1.0)
+        return MismatchParts()
     tokens = torch.cat(token_lw)
-    return MismatchMetrics(
-        mean_logprob_diff=float(tokens.abs().mean()),
-        ess=effective_sample_size(tokens),
-        ess_seq=effective_sample_size(torch.cat(seq_lw)),
+    return MismatchParts(
+        abs_sum=float(tokens.abs().sum()),
+        tokens=tokens.numel(),
+        lse=float(torch.logsumexp(tokens, 0)),
+        lse_twice=float(torch.logsumexp(2 * tokens, 0)),
+        sequences=tuple(seq_lw),
     )
+
+
+def combine_mismatch(parts: Sequence[MismatchParts]) -> MismatchMetrics:
+    """The figures of the whole batch from its parts (in batch order)."""
+    count = sum(p.tokens for p in parts)
+    if count == 0:
+        return MismatchMetrics(0.0, 1.0, 1.0)
+    lse = torch.logsumexp(torch.tensor([p.lse for p in parts], dtype=torch.float64), 0)
+    lse_twice = torch.logsumexp(torch.tensor([p.lse_twice for p in parts], dtype=torch.float64), 0)
+    sequences = torch.tensor([s for p in parts for s in p.sequences], dtype=torch.float64)
+    return MismatchMetrics(
+        mean_logprob_diff=sum(p.abs_sum for p in parts) / count,
+        ess=float((2 * lse - lse_twice - math.log(count)).exp()),
+        ess_seq=effective_sample_size(sequences),
+    )
+
+
+def mismatch_metrics(
+    logp_old: Sequence[torch.Tensor], logp_rollout: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]
+) -> MismatchMetrics:
+    """From per-sequence target-aligned 1-D tensors; sequences without loss tokens are skipped."""
+    return combine_mismatch([mismatch_parts(logp_old, logp_rollout, masks)])

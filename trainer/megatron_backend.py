@@ -17,9 +17,16 @@ directories any engine loads.
 
 Where it runs: a GPU machine (CUDA, or ROCm: HIP devices appear as `cuda`), megatron-core and
 Transformer Engine installed (`pip install '.[gpu]'` plus TE for the machine), started by
-torchrun. One process, tensor and pipeline parallel size 1: the loop consumes Kafka in one
-process, and the conversion and `rl_step`'s global grad-norm clip are written for unsharded
-weights. Data, tensor and pipeline parallelism are not built yet; other world sizes are refused.
+torchrun. Parallel layout (`trainer.megatron_parallel.parallel_layout`, from `trainer.megatron`):
+`initialize_model_parallel` with the tensor, pipeline and expert sizes; each rank's GPTModel
+holds its tensor-parallel shard of every weight (`tp_shard` of the converted whole weights),
+versions gather the shards back (`tp_join`) and convert to the HF layout on rank 0. Data
+parallel replicas each train their share of the batch (`trainer.data_parallel`); gradients
+are summed over the data-parallel group and the norm clipped over every shard
+(`MegatronRanks`). Pipeline parallel and expert parallel > 1 are refused (see
+`trainer.megatron_parallel`). Checkpoints: each tensor-parallel rank of the first replica
+writes its shard and optimizer state (`tp<r>.pt` in the state directory); a resume needs
+the same tensor and pipeline sizes (`state_kind`), any data-parallel size.
 
 Import safety: this module imports megatron-core only inside functions, so importing it (and
 the test suite) works without megatron; constructing a backend without it raises
@@ -33,8 +40,9 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -42,12 +50,15 @@ from torch import nn
 
 from trainer.backends import restore_rng_states, rng_states, seed_everything
 from trainer.batch import TrainSample
+from trainer.distributed import World
 from trainer.megatron_convert import EXTRA_STATE_SUFFIX, check_supported, hf_to_megatron, megatron_to_hf
+from trainer.megatron_parallel import ParallelLayout, parallel_layout, split_kind, tp_join, tp_shard
 from trainer.model import ModelConfig, PolicyModel
 from trainer.settings import TrainerSettings
 from trainer.step import SftSequence, StepMetrics, make_optimizer, rl_step, sft_step
 
-BACKEND_NAME = "megatron"
+T = TypeVar("T")
+SINGLE_LAYOUT = ParallelLayout(tensor=1, pipeline=1, data=1, expert=1)
 HOW_TO_RUN = (
     "install the `gpu` extra (pip install '.[gpu]') and Transformer Engine for this machine's CUDA or "
     "ROCm, then run the trainer under torchrun on a GPU machine (torchrun --nproc-per-node 1 ...)"
@@ -72,9 +83,9 @@ def require_megatron() -> ModuleType:
     return core
 
 
-def transformer_config_kwargs(config: ModelConfig) -> dict[str, Any]:
-    """megatron-core `TransformerConfig` fields for `config` (no dropout, fp32); ConversionError for
-    what megatron cannot express (`trainer.megatron_convert.check_supported`)."""
+def transformer_config_kwargs(config: ModelConfig, layout: ParallelLayout = SINGLE_LAYOUT) -> dict[str, Any]:
+    """megatron-core `TransformerConfig` fields for `config` (no dropout, fp32) on `layout`;
+    ConversionError for what megatron cannot express (`trainer.megatron_convert.check_supported`)."""
     check_supported(config)
     return {
         "num_layers": config.num_layers,
@@ -102,14 +113,16 @@ def transformer_config_kwargs(config: ModelConfig) -> dict[str, Any]:
         # trainer and engine logprobs within the same tolerance on either backend.
         "params_dtype": torch.float32,
         "pipeline_dtype": torch.float32,
-        "tensor_model_parallel_size": 1,
-        "pipeline_model_parallel_size": 1,
+        "tensor_model_parallel_size": layout.tensor,
+        "pipeline_model_parallel_size": layout.pipeline,
+        "expert_model_parallel_size": layout.expert,
         "perform_initialization": False,  # the weights are loaded right after
     }
 
 
-def _init_distributed(seed: int) -> torch.device:
-    """torch.distributed and megatron's model-parallel state for one process; its device."""
+def init_parallel_state(layout: ParallelLayout, seed: int) -> torch.device:
+    """torch.distributed (when torchrun's world is one process, `trainer.distributed.init_world`
+    leaves it to us) and megatron's parallel state for `layout`; this rank's GPU."""
     import torch.distributed as dist
 
     if not torch.cuda.is_available():
@@ -119,14 +132,13 @@ def _init_distributed(seed: int) -> torch.device:
             raise MegatronUnavailable(f"not started by torchrun (LOCAL_RANK is unset); {HOW_TO_RUN}")
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         dist.init_process_group(backend="nccl")  # RCCL on ROCm builds of torch
-    if dist.get_world_size() != 1:
-        raise MegatronUnavailable(
-            f"world size {dist.get_world_size()}: the megatron backend runs one process "
-            "(tensor, pipeline and data parallelism are not built yet); use torchrun --nproc-per-node 1"
-        )
     parallel_state = importlib.import_module("megatron.core.parallel_state")
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=layout.tensor,
+            pipeline_model_parallel_size=layout.pipeline,
+            expert_model_parallel_size=layout.expert,
+        )
     importlib.import_module("megatron.core.tensor_parallel").model_parallel_cuda_manual_seed(seed)
     return torch.device("cuda", torch.cuda.current_device())
 
@@ -158,13 +170,13 @@ def gpt_model_kwargs(config: ModelConfig) -> dict[str, Any]:
     }
 
 
-def build_gpt_model(config: ModelConfig) -> nn.Module:
-    """megatron-core's GPTModel of `config`'s architecture, TE layer spec, on the current device."""
+def build_gpt_model(config: ModelConfig, layout: ParallelLayout = SINGLE_LAYOUT) -> nn.Module:
+    """megatron-core's GPTModel of `config`'s architecture on `layout`, TE layer spec, current device."""
     transformer_config = importlib.import_module("megatron.core.transformer.transformer_config")
     specs = importlib.import_module("megatron.core.models.gpt.gpt_layer_specs")
     gpt = importlib.import_module("megatron.core.models.gpt.gpt_model")
     return gpt.GPTModel(
-        config=transformer_config.TransformerConfig(**transformer_config_kwargs(config)),
+        config=transformer_config.TransformerConfig(**transformer_config_kwargs(config, layout)),
         transformer_layer_spec=specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=config.qk_norm),
         **gpt_model_kwargs(config),
     )
@@ -197,55 +209,165 @@ def load_megatron_state(gpt: nn.Module, state: Mapping[str, torch.Tensor]) -> No
 
 
 class MegatronBackend:
-    """One GPU process: `trainer.step` over megatron-core's GPTModel (see the module docstring)."""
+    """`trainer.step` over megatron-core's GPTModel on its parallel layout (module docstring)."""
 
     def __init__(
-        self, model: PolicyModel, settings: TrainerSettings, *, lr: float, temperature: float = 1.0
+        self,
+        model: PolicyModel,
+        settings: TrainerSettings,
+        *,
+        lr: float,
+        temperature: float = 1.0,
+        world: World | None = None,
     ) -> None:
         check_supported(model.config)  # the model first: a refusal needs no GPU to be seen
+        self.layout = parallel_layout(settings.megatron, world.size if world else 1, model.config)
         require_megatron()
         self.temperature = temperature
         self.config = model.config
         self.settings = settings
-        self.device = _init_distributed(settings.seed)
+        self.world = world
+        self.device = init_parallel_state(self.layout, settings.seed)
         seed_everything(settings.seed)
-        self.model = GPTLogits(build_gpt_model(self.config)).to(self.device)
-        load_megatron_state(self.model.gpt, hf_to_megatron(model.state_dict(), self.config))
+        self.model = GPTLogits(build_gpt_model(self.config, self.layout)).to(self.device)
+        self.ranks = MegatronRanks(self.layout, self.device, self.model.gpt)
+        whole = hf_to_megatron(model.state_dict(), self.config)
+        load_megatron_state(self.model.gpt, tp_shard(whole, self.ranks.tp_rank, self.layout.tensor))
         self.model.train()
         self.optimizer = make_optimizer(self.model, settings, lr)
 
+    @property
+    def state_kind(self) -> str:
+        return f"megatron tensor {self.layout.tensor} pipeline {self.layout.pipeline}"
+
     def rl_step(self, samples: Sequence[TrainSample]) -> StepMetrics:
-        return rl_step(self.model, self.optimizer, samples, self.settings, self.device, self.temperature)
+        return rl_step(
+            self.model, self.optimizer, samples, self.settings, self.device, self.temperature, self.ranks
+        )
 
     def sft_step(self, sequences: Sequence[SftSequence]) -> StepMetrics:
-        return sft_step(self.model, self.optimizer, sequences, self.settings, self.device)
+        return sft_step(self.model, self.optimizer, sequences, self.settings, self.device, self.ranks)
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        state = {k: t.detach() for k, t in self.model.gpt.state_dict().items() if torch.is_tensor(t)}
-        hf = megatron_to_hf(state, self.config)
+        """The whole model in the HF layout on global rank 0 ({} on the others): every rank gathers
+        its tensor-parallel group's shards (collective)."""
+        local = {k: t.detach() for k, t in self.model.gpt.state_dict().items() if torch.is_tensor(t)}
+        local = {k: t for k, t in local.items() if not k.endswith(EXTRA_STATE_SUFFIX)}
+        whole = {name: tp_join(name, self.ranks.tp_pieces(name, tensor)) for name, tensor in local.items()}
+        if _global_rank() != 0:
+            return {}
+        hf = megatron_to_hf(whole, self.config)
         return {name: t.float().cpu().contiguous() for name, t in hf.items()}
 
-    def checkpoint_state(self) -> dict[str, Any]:
-        """HF-named weights (as the torch backend's), this backend's optimizer state and RNG states."""
-        tracker = importlib.import_module("megatron.core.tensor_parallel").get_cuda_rng_tracker()
-        return {
-            "backend": BACKEND_NAME,
-            "model": self.hf_state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "rng": rng_states(),
-            "megatron_rng": tracker.get_states(),
-        }
+    def save_state(self, directory: Path) -> list[dict[str, Any]]:
+        """This tensor-parallel rank's shard and optimizer state (first replica only), then every
+        rank's RNG states (collective)."""
+        import torch.distributed as dist
 
-    def restore_state(self, state: dict[str, Any]) -> None:
-        if state.get("backend") != BACKEND_NAME:
-            raise ValueError(
-                f"the checkpoint was written by the {state.get('backend', 'torch')!r} backend: its optimizer "
-                "state does not map onto megatron's parameters; resume with that backend, or start the "
-                "megatron backend from the checkpoint's published weight version"
-            )
-        load_megatron_state(self.model.gpt, hf_to_megatron(state["model"], self.config))
+        if self.ranks.rank == 0:
+            state = {"model": self.model.gpt.state_dict(), "optimizer": self.optimizer.state_dict()}
+            torch.save(state, Path(directory) / f"tp{self.ranks.tp_rank}.pt")
+        rng = {**rng_states(), "megatron": _tracker().get_states()}
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, rng, group=self.world.control if self.world else None)
+        return out
+
+    def load_state(self, directory: Path, rng: Sequence[dict[str, Any]]) -> None:
+        import torch.distributed as dist
+
+        state = torch.load(Path(directory) / f"tp{self.ranks.tp_rank}.pt", map_location=self.device)
+        load_megatron_state(self.model.gpt, {k: v for k, v in state["model"].items() if torch.is_tensor(v)})
         self.optimizer.load_state_dict(state["optimizer"])
-        restore_rng_states(state["rng"])
-        importlib.import_module("megatron.core.tensor_parallel").get_cuda_rng_tracker().set_states(
-            state["megatron_rng"]
-        )
+        mine = rng[_global_rank()] if len(rng) == dist.get_world_size() else rng[0]
+        restore_rng_states(mine)
+        _tracker().set_states(mine["megatron"])
+
+
+def _tracker() -> Any:
+    return importlib.import_module("megatron.core.tensor_parallel").get_cuda_rng_tracker()
+
+
+def _global_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+class MegatronRanks:
+    """`trainer.data_parallel.DataParallel` over megatron's groups: the batch splits across the
+    data-parallel replicas; a replica's tensor-parallel ranks take the same share. Gradients are
+    summed over the data-parallel group, the norm taken over every tensor-parallel shard (a
+    replicated parameter counted once), as megatron's own `clip_grad_norm_fp32` does. Which
+    parameters are shards comes from their names (`trainer.megatron_parallel.split_kind`, the
+    split the weights were loaded with): megatron marks them (`tensor_model_parallel`) only
+    when it initialises them, and the backend loads converted weights instead."""
+
+    def __init__(self, layout: ParallelLayout, device: torch.device, gpt: nn.Module) -> None:
+        self.state = importlib.import_module("megatron.core.parallel_state")
+        self.layout, self.device = layout, device
+        self.shards = {id(p) for name, p in gpt.named_parameters() if split_kind(name) is not None}
+        # Qwen3's per-head q/k norms are whole on every rank but see only that rank's heads: their
+        # gradients are partial sums (megatron's finalize_model_grads sums them over the group too)
+        self.partial = {
+            id(p) for name, p in gpt.named_parameters() if "q_layernorm" in name or "k_layernorm" in name
+        }
+        self.rank = self.state.get_data_parallel_rank()
+        self.size = self.state.get_data_parallel_world_size()
+        self.tp_rank = self.state.get_tensor_model_parallel_rank()
+
+    def sum(self, values: Sequence[float]) -> list[float]:
+        import torch.distributed as dist
+
+        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, group=self.state.get_data_parallel_group())
+        return [float(v) for v in tensor.cpu().tolist()]
+
+    def gather(self, value: T) -> list[T]:
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, value, group=self.state.get_data_parallel_group())
+        return out
+
+    def clip_grad_norm(self, parameters: Sequence[nn.Parameter], max_norm: float) -> float:
+        import torch.distributed as dist
+
+        grads = [p.grad for p in parameters if p.grad is not None]
+        partial = [p.grad for p in parameters if p.grad is not None and id(p) in self.partial]
+        if self.layout.tensor > 1 and partial:
+            self._sum(partial, self.state.get_tensor_model_parallel_group())
+        if self.size > 1 and grads:
+            self._sum(grads, self.state.get_data_parallel_group())
+        squares = torch.zeros((), dtype=torch.float32, device=self.device)
+        for param in parameters:
+            counted = id(param) in self.shards or self.tp_rank == 0
+            if param.grad is not None and counted:
+                squares += param.grad.float().pow(2).sum()
+        dist.all_reduce(squares, group=self.state.get_tensor_model_parallel_group())
+        norm = float(squares.sqrt())
+        coefficient = max_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
+        if coefficient < 1.0:
+            for grad in grads:
+                grad.mul_(coefficient)
+        return norm
+
+    def _sum(self, grads: list[torch.Tensor], group: Any) -> None:
+        import torch.distributed as dist
+
+        flat = torch._utils._flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=group)
+        for grad, summed in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+            grad.copy_(summed)
+
+    def take_comm_s(self) -> float:
+        return 0.0  # NCCL runs asynchronously on its streams: profile it instead
+
+    def tp_pieces(self, name: str, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every tensor-parallel rank's piece of `name` (collective in the tensor-parallel group)."""
+        import torch.distributed as dist
+
+        if self.layout.tensor == 1 or split_kind(name) is None:
+            return [tensor]
+        pieces = [torch.empty_like(tensor) for _ in range(self.layout.tensor)]
+        dist.all_gather(pieces, tensor.contiguous(), group=self.state.get_tensor_model_parallel_group())
+        return pieces

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class ModelSettings(BaseModel):
@@ -42,6 +42,19 @@ class LoraSettings(BaseModel):
         "up_proj",
         "down_proj",
     )
+
+
+class MegatronSettings(BaseModel):
+    """Megatron-core's parallel layout (`trainer.backend = "megatron"`, under torchrun): the world
+    is tensor × pipeline × data parallel ranks; experts split within the data-parallel ranks."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    tensor_parallel: int = Field(default=1, ge=1, description="ranks that split each layer's matrices")
+    pipeline_parallel: int = Field(default=1, ge=1, description="ranks that split the layers into stages")
+    data_parallel: int = Field(
+        default=0, ge=0, description="model replicas that split each batch; 0 = world / (tensor x pipeline)"
+    )
+    expert_parallel: int = Field(default=1, ge=1, description="ranks that split a MoE layer's experts")
 
 
 class TrainerSettings(BaseModel):
@@ -96,6 +109,40 @@ class TrainerSettings(BaseModel):
     phase_pause_s: float = Field(
         default=0.0, ge=0, description="test hook: sleep after each logged phase marker (kill tests); 0 = off"
     )
+    ranks: int = Field(
+        default=1,
+        ge=1,
+        description="data-parallel processes on this machine: > 1 runs `rollstream train` under "
+        "torchrun --nproc-per-node ranks (so do `up` and the demo)",
+    )
+    max_restarts: int = Field(
+        default=3, ge=0, description="torchrun --max-restarts: restarts of the rank group after a rank fails"
+    )
+    dist_backend: Literal["auto", "gloo", "nccl"] = Field(
+        default="auto", description="torch.distributed backend: auto = nccl (RCCL on ROCm) on cuda, else gloo"
+    )
+    dist_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="process-group timeout: a collective that waits longer on a rank (hung, stopped) fails, "
+        "and torchrun restarts the group",
+    )
+    dist_keepalive_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="rank 0 sends the other ranks an empty command this often while they wait for it "
+        "(reading the log, publishing); below dist_timeout_s",
+    )
+    megatron: MegatronSettings = Field(default_factory=MegatronSettings)
+
+    @model_validator(mode="after")
+    def _keepalive_below_timeout(self) -> TrainerSettings:
+        if self.dist_keepalive_s >= self.dist_timeout_s:
+            raise ValueError(
+                f"trainer.dist_keepalive_s ({self.dist_keepalive_s}) must be below trainer.dist_timeout_s "
+                f"({self.dist_timeout_s}), or waiting ranks time out while rank 0 reads the log"
+            )
+        return self
 
 
 class ModelSourceSettings(BaseModel):

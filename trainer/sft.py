@@ -161,6 +161,7 @@ class SftTrainer:
             times=StepTimes(
                 logprob_s=metrics.logprob_s,
                 update_s=metrics.update_s,
+                comm_s=metrics.comm_s,
                 publish_s=publish_s,
                 total_s=metrics.logprob_s + metrics.update_s + publish_s,
             ),

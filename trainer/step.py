@@ -10,24 +10,27 @@ megatron backend call it):
     class StepMetrics:
         loss, grad_norm, clip_frac_low, clip_frac_high, entropy, mean_logprob_diff,
         ess, ess_seq, reward_mean: float; tokens, trajectories: int;
-        logprob_s, update_s: float
+        logprob_s, update_s: float; comm_s: float = 0.0
 
     def make_optimizer(model, settings: TrainerSettings, lr: float) -> torch.optim.Optimizer
     def rl_step(model, optimizer, samples: Sequence[TrainSample], settings: TrainerSettings,
-                device: torch.device) -> StepMetrics
+                device: torch.device, temperature=1.0, ranks: DataParallel = SINGLE) -> StepMetrics
         # logprobs under the current (behaviour) weights, no grad, in micro-batches;
         # then `settings.updates_per_step` optimiser steps over mini-batches, each
         # accumulating micro-batches of at most `settings.micro_batch_tokens` tokens;
         # grad clip at `settings.grad_clip` (grad_norm reported before clipping).
-    def sft_step(model, optimizer, sequences: Sequence[SftSequence], settings, device) -> StepMetrics
+    def sft_step(model, optimizer, sequences: Sequence[SftSequence], settings, device,
+                 ranks=SINGLE) -> StepMetrics
         # cross-entropy on loss-masked tokens only.
+        # `ranks` (trainer.data_parallel): every data-parallel rank passes the whole batch and
+        # trains its share; losses are divided by the global batch's denominators.
 
 Also here: `sequence_logprobs` (the trainer's per-token scores, no grad; what the
 engine-match test and diagnostics compare) and `trains` (whether a sample carries loss).
 Mini-batches are consecutive near-equal runs of the loss-bearing samples; the behaviour
 logprobs of all of them are taken before the first update, in the same micro-batches the
 updates use. Deterministic on CPU: same inputs and model/optimizer state give
-bit-identical weights, so a resumed trainer continues exactly.
+bit-identical weights (at the same world size), so a resumed trainer continues exactly.
 """
 
 from __future__ import annotations
@@ -42,10 +45,13 @@ from torch import nn
 
 from streams.packed import LossMask, TokenIds
 from trainer.batch import TrainSample, micro_batches
+from trainer.data_parallel import SINGLE, DataParallel, rank_micro_batches
 from trainer.loss import (
     Denominators,
     LossSums,
-    mismatch_metrics,
+    MismatchMetrics,
+    combine_mismatch,
+    mismatch_parts,
     next_token_entropy,
     next_token_logprobs,
     policy_loss,
@@ -83,6 +89,7 @@ class StepMetrics:
     trajectories: int  # every sample (sequence) handed in
     logprob_s: float
     update_s: float
+    comm_s: float = 0.0  # of logprob_s + update_s: inside data-parallel collectives (CPU ranks)
 
 
 @dataclass(frozen=True)
@@ -181,18 +188,49 @@ def sequence_logprobs(
     return out
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """One mini-batch on this rank: its micro-batches with their behaviour logprobs, and the
+    denominators of the whole (global) mini-batch."""
+
+    batches: list[tuple[_Tensors, torch.Tensor]]
+    denominators: Denominators
+
+
+def _rank_tensors(
+    items: Sequence[TrainSample] | Sequence[SftSequence],
+    settings: TrainerSettings,
+    ranks: DataParallel,
+    device: torch.device,
+) -> list[_Tensors]:
+    """This rank's micro-batches of `items` (`trainer.data_parallel`), an empty one as a one-row
+    batch without loss tokens (it must still run: FSDP2's collectives pair up per pass)."""
+    micros = rank_micro_batches(items, ranks.rank, ranks.size, settings.micro_batch_tokens)
+    return [_tensors(micro, device) if micro else _empty_tensors(device) for micro in micros]
+
+
+def _empty_tensors(device: torch.device) -> _Tensors:
+    return _Tensors(
+        token_ids=torch.zeros((1, 2), dtype=torch.int64, device=device),
+        mask=torch.zeros((1, 1), dtype=torch.float32, device=device),
+        rollout_logprobs=torch.zeros((1, 1), dtype=torch.float32, device=device),
+        advantages=torch.zeros(1, dtype=torch.float32, device=device),
+    )
+
+
 def _update(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    plan: list[tuple[_Tensors, torch.Tensor]],
+    plan: _Plan,
     settings: TrainerSettings,
     temperature: float,
+    ranks: DataParallel,
 ) -> tuple[float, float, LossSums]:
-    """One optimiser step over a mini-batch's micro-batches: (loss, grad norm before clip, sums)."""
+    """One optimiser step over a mini-batch's micro-batches: (this rank's share of the loss,
+    the global grad norm before clip, this rank's sums)."""
     optimizer.zero_grad(set_to_none=True)
-    denominators = Denominators.of([batch.mask for batch, _ in plan])
     total, sums = 0.0, LossSums()
-    for batch, logp_old in plan:
+    for batch, logp_old in plan.batches:
         loss, micro_sums = policy_loss(
             logits_of(model, batch.token_ids, settings) / temperature,
             batch.token_ids,
@@ -201,14 +239,29 @@ def _update(
             batch.advantages,
             batch.mask,
             settings,
-            denominators,
+            plan.denominators,
         )
         loss.backward()
         total += float(loss.detach())
         sums = sums + micro_sums
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(_trainable(model), settings.grad_clip))
+    grad_norm = ranks.clip_grad_norm(_trainable(model), settings.grad_clip)
     optimizer.step()
     return total, grad_norm, sums
+
+
+def _mismatch(plans: list[_Plan], ranks: DataParallel) -> MismatchMetrics:
+    """Engine vs trainer over the whole batch: each rank's parts per mini-batch, combined in batch
+    order (mini-batch by mini-batch, ranks in order: the shares are contiguous)."""
+    local = [
+        mismatch_parts(
+            [row for _, old in plan.batches for row in old],
+            [row for batch, _ in plan.batches for row in batch.rollout_logprobs],
+            [row for batch, _ in plan.batches for row in batch.mask],
+        )
+        for plan in plans
+    ]
+    gathered = ranks.gather(local)
+    return combine_mismatch([parts[mini] for mini in range(len(plans)) for parts in gathered])
 
 
 def rl_step(
@@ -218,29 +271,34 @@ def rl_step(
     settings: TrainerSettings,
     device: torch.device,
     temperature: float = 1.0,
+    ranks: DataParallel = SINGLE,
 ) -> StepMetrics:
     """The pinned RL step (module docstring). Samples without loss tokens (loss-masked members)
     count only in reward_mean and trajectories; a batch with none trains nothing. `temperature`
     is the rollouts' sampling temperature: logprobs are of the distribution the engine sampled
-    from (logits / temperature), as the engine reports them, or the importance weights are off."""
+    from (logits / temperature), as the engine reports them, or the importance weights are off.
+    `ranks`: every rank passes the same whole batch and trains its share of each mini-batch
+    (`trainer.data_parallel`); the metrics are the whole batch's on every rank."""
     started = time.perf_counter()
     trained = [s for s in samples if trains(s)]
-    plans: list[list[tuple[_Tensors, torch.Tensor]]] = []
+    plans: list[_Plan] = []
     for mini in _mini_batches(trained, settings.updates_per_step):
-        batches = [_tensors(micro, device) for micro in micro_batches(mini, settings.micro_batch_tokens)]
-        plans.append([(batch, _logprobs_no_grad(model, batch, settings, temperature)) for batch in batches])
-    mismatch = mismatch_metrics(
-        [row for plan in plans for _, old in plan for row in old],
-        [row for plan in plans for batch, _ in plan for row in batch.rollout_logprobs],
-        [row for plan in plans for batch, _ in plan for row in batch.mask],
-    )
+        batches = _rank_tensors(mini, settings, ranks, device)
+        plans.append(
+            _Plan(
+                [(batch, _logprobs_no_grad(model, batch, settings, temperature)) for batch in batches],
+                Denominators.of_loss_masks([s.loss_mask for s in mini]),
+            )
+        )
+    mismatch = _mismatch(plans, ranks)
     logprob_s = time.perf_counter() - started
     losses, norms, sums = [], [], LossSums()
     for plan in plans:
-        loss, norm, plan_sums = _update(model, optimizer, plan, settings, temperature)
+        loss, norm, plan_sums = _update(model, optimizer, plan, settings, temperature, ranks)
         losses.append(loss)
         norms.append(norm)
         sums = sums + plan_sums
+    losses, sums = _summed(losses, sums, ranks)
     clip_low, clip_high, entropy = sums.fractions()
     return StepMetrics(
         loss=sum(losses) / len(losses) if losses else 0.0,
@@ -256,7 +314,17 @@ def rl_step(
         trajectories=len(samples),
         logprob_s=logprob_s,
         update_s=time.perf_counter() - started - logprob_s,
+        comm_s=ranks.take_comm_s(),
     )
+
+
+def _summed(losses: list[float], sums: LossSums, ranks: DataParallel) -> tuple[list[float], LossSums]:
+    """Each update's loss and the metric sums over every rank (one collective)."""
+    if ranks.size == 1:
+        return losses, sums
+    total = ranks.sum([*losses, sums.tokens, sums.clipped_low, sums.clipped_high, sums.entropy])
+    tokens, low, high, entropy = total[len(losses) :]
+    return total[: len(losses)], LossSums(round(tokens), round(low), round(high), entropy)
 
 
 def sft_step(
@@ -265,11 +333,13 @@ def sft_step(
     sequences: Sequence[SftSequence],
     settings: TrainerSettings,
     device: torch.device,
+    ranks: DataParallel = SINGLE,
 ) -> StepMetrics:
-    """One optimiser step of cross-entropy on the loss tokens (token mean over the batch)."""
+    """One optimiser step of cross-entropy on the loss tokens (token mean over the whole batch;
+    with `ranks`, each trains its share as `rl_step` does)."""
     started = time.perf_counter()
-    batches = [_tensors(micro, device) for micro in micro_batches(sequences, settings.micro_batch_tokens)]
-    denominators = Denominators.of([batch.mask for batch in batches])
+    batches = _rank_tensors(sequences, settings, ranks, device)
+    denominators = Denominators.of_loss_masks([s.loss_mask for s in sequences])
     optimizer.zero_grad(set_to_none=True)
     total, entropy = 0.0, 0.0
     for batch in batches:
@@ -279,9 +349,11 @@ def sft_step(
         total += float(loss.detach())
         with torch.no_grad():
             entropy += float((next_token_entropy(logits) * batch.mask).sum())
+    if ranks.size > 1:
+        total, entropy = ranks.sum([total, entropy])
     grad_norm = 0.0
     if denominators.tokens:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(_trainable(model), settings.grad_clip))
+        grad_norm = ranks.clip_grad_norm(_trainable(model), settings.grad_clip)
         optimizer.step()
     return StepMetrics(
         loss=total,
@@ -297,4 +369,5 @@ def sft_step(
         trajectories=len(sequences),
         logprob_s=0.0,
         update_s=time.perf_counter() - started,
+        comm_s=ranks.take_comm_s(),
     )

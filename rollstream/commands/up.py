@@ -6,7 +6,8 @@
 Starts (`plan_processes`) N engines (`engine serve` on ports engine.port, +1, ...;
 following RUN's weights with --run), N stream workers, the SQL sink, N rollout workers
 pointed at every engine (at `client.urls` with --engines 0) and, with --run, the trainer
-(`train --run RUN`). Every child gets the same --config/--set. The supervisor
+(`train --run RUN`, under torchrun with `trainer.ranks` ranks when that is > 1). Every
+child gets the same --config/--set. The supervisor
 (`[supervisor]`) restarts what exits or hangs; the screen shows the run (`[live]`) and the
 process table. SIGINT/SIGTERM, or --for elapsing, stops everything (TERM, wait, KILL) and
 exits 0; a process given up after `supervisor.max_restarts` stops everything and exits 1.
@@ -37,6 +38,7 @@ from streams.topics import create_topics
 class Planned:
     name: str
     args: list[str]
+    ranks: int = 1  # the trainer under torchrun: every rank beats (`rollstream.supervisor`)
 
 
 def _names(kind: str, n: int) -> list[str]:
@@ -74,8 +76,8 @@ def plan_processes(
         Planned(name, ["rollout", "--tasks", tasks, "--model", model, *urls])
         for name in _names("rollout", rollout_workers)
     ]
-    if run:
-        plan.append(Planned("trainer", ["train", "--run", run]))
+    if run:  # `train` execs torchrun itself when trainer.ranks > 1
+        plan.append(Planned("trainer", ["train", "--run", run], ranks=cfg.trainer.ranks))
     return plan
 
 
@@ -120,7 +122,7 @@ def command(
     try:
         with supervisor:
             for planned in plan:
-                supervisor.start(planned.name, planned.args)
+                supervisor.start(planned.name, planned.args, ranks=planned.ranks)
             asyncio.run(_watch(follower, supervisor, duration_s, cfg.live.steps_shown))
     except ProcessExitedError as error:
         console.print(f"\n[bold red]stopped:[/] {error}")

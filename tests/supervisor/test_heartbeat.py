@@ -14,6 +14,10 @@ from streams.heartbeat import (
     HEARTBEAT_FILE_ENV,
     HEARTBEAT_INTERVAL_ENV,
     beat_age_s,
+    heartbeat_target,
+    mark_rank_start,
+    rank_file,
+    start_file,
     start_heartbeat,
     stop_heartbeat,
 )
@@ -65,3 +69,21 @@ def test_beats_follow_the_loop_and_the_check(monkeypatch: pytest.MonkeyPatch, tm
     assert beat.read_text().split()[0] == str(os.getpid())  # "<pid> <time>"
     assert beat_age_s(beat, since) is not None
     assert beat_age_s(beat, time.time() + 10) is None  # a beat from before `since` does not count
+
+
+def test_each_rank_of_several_beats_its_own_file_and_marks_the_group_start(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    beat = tmp_path / "trainer.heartbeat"
+    monkeypatch.setenv(HEARTBEAT_FILE_ENV, str(beat))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    assert heartbeat_target() == (beat, 2.0)  # one process: the file itself
+    mark_rank_start()
+    assert not start_file(beat).exists()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert heartbeat_target() == (rank_file(beat, 1), 2.0) == (tmp_path / "trainer.heartbeat.rank1", 2.0)
+    before = time.time()
+    mark_rank_start()
+    assert start_file(beat).exists() and beat_age_s(start_file(beat), before - 1) is not None

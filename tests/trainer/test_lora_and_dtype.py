@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from trainer.backends import TorchBackend
 from trainer.model import build_model
+from trainer.resume import Checkpoint, CheckpointError, restore_backend
 from trainer.settings import LoraSettings, TrainerSettings
 
 from .test_step import CONFIG, batch_of_samples
@@ -43,28 +46,50 @@ def test_lora_trains_only_the_adapters_and_publishes_merged_weights(dtype: str) 
 
 @pytest.mark.parametrize("lora", [LORA, LoraSettings()], ids=["lora", "full"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_resume_from_a_checkpoint_is_bit_exact(lora: LoraSettings, dtype: str) -> None:
+def test_resume_from_a_checkpoint_is_bit_exact(lora: LoraSettings, dtype: str, tmp_path: Path) -> None:
     settings = TrainerSettings(lr=1e-2, lora=lora, dtype=dtype)
     straight = backend(settings)
     for _ in range(3):
         straight.rl_step(batch_of_samples())
     first = backend(settings)
     first.rl_step(batch_of_samples())
-    state = first.checkpoint_state()
+    rng = first.save_state(tmp_path / "state")
+    saved = {key for key in _checkpoint_keys(tmp_path / "state") if key.startswith("model.")}
     if lora.rank:
-        assert all(".lora_" in name for name in state["model"])  # adapters only: the base is on disk
+        assert saved and all(".lora_" in key for key in saved)  # adapters only: the base is on disk
+    else:
+        assert saved == {f"model.{name}" for name in build_model(CONFIG).state_dict()}
+    first.rl_step(batch_of_samples())  # moves on: the resumed run must not see this
     resumed = backend(settings)
-    resumed.restore_state(state)
+    resumed.load_state(tmp_path / "state", rng)
     for _ in range(2):
         resumed.rl_step(batch_of_samples())
     for name, tensor in straight.hf_state_dict().items():
         assert torch.equal(tensor, resumed.hf_state_dict()[name]), name
 
 
-def test_a_checkpoint_of_another_lora_setting_is_refused() -> None:
-    state = backend(TrainerSettings(lr=1e-2)).checkpoint_state()
-    with pytest.raises(ValueError, match="lora"):
-        backend(TrainerSettings(lr=1e-2, lora=LORA)).restore_state(state)
+def _checkpoint_keys(directory: Path) -> set[str]:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return set(FileSystemReader(str(directory)).read_metadata().state_dict_metadata)
+
+
+def test_a_checkpoint_of_another_lora_setting_is_refused(tmp_path: Path) -> None:
+    full = backend(TrainerSettings(lr=1e-2))
+    rng = full.save_state(tmp_path / "checkpoint.pt.state-000001")
+    checkpoint = Checkpoint(
+        run_id="r",
+        mode="rl",
+        version=1,
+        step=1,
+        model_shape={},
+        state="checkpoint.pt.state-000001",
+        state_kind=full.state_kind,
+        rng=rng,
+    )
+    lora = backend(TrainerSettings(lr=1e-2, lora=LORA))
+    with pytest.raises(CheckpointError, match="'torch' backend, this trainer's is 'torch-lora rank 4 on "):
+        restore_backend(checkpoint, tmp_path / "checkpoint.pt", lora, 1)
 
 
 def test_bf16_steps_follow_fp32_steps() -> None:

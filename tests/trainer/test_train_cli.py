@@ -65,9 +65,7 @@ def test_bad_input_gets_a_clear_error(config_factory: Callable[..., Config], tmp
     assert wrong_model.exit_code == 1 and "field `architectures`" in said(wrong_model)
 
     foreign = tmp_path / "other.pt"
-    save_checkpoint(
-        foreign, Checkpoint(run_id="other", mode="rl", version=3, step=3, model_shape={}, backend_state={})
-    )
+    save_checkpoint(foreign, Checkpoint(run_id="other", mode="rl", version=3, step=3, model_shape={}))
     other_run = invoke_train("--run", "mine", "--checkpoint", str(foreign), *_args(cfg))
     assert other_run.exit_code == 1 and "checkpoint of run 'other'" in said(other_run)
 
