@@ -472,6 +472,8 @@ class Episode:
             times=times,
             injected=ending.injected and ending.outcome.is_infra_error,
             render_drift=self.conversation.drift(),
+            history_drifts=len(self.conversation.drifts),
+            history_drift=self.conversation.drifts[0] if self.conversation.drifts else None,
         )
         await self._emit(finished)
         return finished

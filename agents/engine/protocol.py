@@ -79,6 +79,7 @@ class GenerationChunk:
     output_logprobs: tuple[float, ...]
     output_versions: tuple[int, ...]
     output_top_logprobs: tuple[TopLogprobs, ...] = ()
+    engine_id: str = ""
 
     def __post_init__(self) -> None:
         _check_lengths(self.output_ids, self.output_logprobs, self.output_versions, self.output_top_logprobs)

@@ -65,7 +65,7 @@ class StreamAccumulator:
         skip = len(self.ids) if total is not None and len(ids) == int(total) else 0  # cumulative event
         chunk = None
         if len(ids) > skip:
-            chunk = GenerationChunk(ids[skip:], logprobs[skip:], versions[skip:], top[skip:])
+            chunk = GenerationChunk(ids[skip:], logprobs[skip:], versions[skip:], top[skip:], self.engine_id)
             self.ids += chunk.output_ids
             self.logprobs += chunk.output_logprobs
             self.versions += chunk.output_versions
