@@ -9,6 +9,8 @@ Streams send one event per token, then the whole answer (`agents.engine.wire`).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from aiohttp import web
@@ -90,3 +92,16 @@ def create_policy_app(policy: Policy) -> web.Application:
     app.router.add_post("/abort_request", abort_request)
     app.router.add_get("/health", health)
     return app
+
+
+@asynccontextmanager
+async def serving_policy(policy: Policy, host: str = "127.0.0.1") -> AsyncIterator[str]:
+    """Serve `policy` on a free port of `host` for the block's length; yields its URL."""
+    runner = web.AppRunner(create_policy_app(policy), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, 0)
+    await site.start()
+    try:
+        yield f"http://{host}:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()

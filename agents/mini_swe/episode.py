@@ -102,8 +102,11 @@ class MiniSweEpisode(Episode):
         self, session: Session, environment: SandboxEnvironment
     ) -> tuple[str, BaseException | None]:
         """In a worker thread: mini-swe-agent from its own config, its model pointed at the session."""
+        import litellm
         from minisweagent.agents.default import DefaultAgent
         from minisweagent.models import get_model
+
+        litellm.suppress_debug_info = True  # litellm's own setting: no provider list printed per error
 
         server = self._gateway.server
         config = agent_config(

@@ -47,7 +47,7 @@ async def mini_services(
         client,
         SandboxPool(config.sandbox, make_factory(config.sandbox)) as pool,
         agent_gateway(
-            chat,
+            chat_format,
             client,
             GatewaySettings(),
             agent.mini,
@@ -60,7 +60,7 @@ async def mini_services(
             policy=client,
             sandboxes=pool,
             verifier=verify,
-            chat=chat,
+            chat=chat_format,
             agent=agent,
             backend=config.sandbox.backend,
             source="test-mini",
