@@ -86,6 +86,11 @@ class Gateway:
             self._by_key.pop(forgotten.key, None)
         return session
 
+    def ended_as(self, sid: str) -> Outcome | None:
+        """How the session `sid` has ended so far (None: still open, or unknown)."""
+        session = self._open.get(sid) or self._ended.get(sid)
+        return session.outcome if session is not None else None
+
     def find(self, sid: str | None, key: str | None) -> Session:
         """The session a call names (see the module docstring); OpenAIError when it may not call it."""
         if not key:
