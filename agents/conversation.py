@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from agents.chat import ChatFormat
 from agents.chat_template import ChatTemplateError, Message
+from agents.engine.protocol import EncodedIds
 from streams.payloads import HistoryDrift, RenderDrift
 
 
@@ -45,6 +46,7 @@ class Conversation:
     pending_observation: list[int] = field(default_factory=list)  # appended, not yet on an event
     tools: list[Message] | None = None  # OpenAI tools the context was rendered with (gateway sessions)
     drifts: list[HistoryDrift] = field(default_factory=list)
+    _texts: list[tuple[list[int], str]] = field(default_factory=list)  # (piece, its JSON text) cache
 
     @classmethod
     def start(cls, chat: ChatFormat, system: str, instance: str) -> Conversation:
@@ -118,6 +120,18 @@ class Conversation:
         """The observation ids appended since the last turn event (they go on the next one)."""
         ids, self.pending_observation = self.pending_observation, []
         return ids
+
+    def encoded_ids(self) -> EncodedIds:
+        """The context's ids with their JSON text, each piece encoded once (pieces are never changed
+        in place: a piece that is not the cached one is encoded again)."""
+        texts = self._texts
+        del texts[len(self.pieces) :]
+        for index, piece in enumerate(self.pieces):
+            if index == len(texts):
+                texts.append((piece, ",".join(map(str, piece))))
+            elif texts[index][0] is not piece:
+                texts[index] = (piece, ",".join(map(str, piece)))
+        return EncodedIds(self.ids, "[" + ",".join(text for _, text in texts if text) + "]")
 
     def checkpoint(self) -> Checkpoint:
         """Where the conversation is now, to `restore` if what follows is not kept (a failed call)."""

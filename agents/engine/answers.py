@@ -3,9 +3,17 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from agents.engine.protocol import EngineError, FinishReason, Generation, SamplingParams, TopLogprobs
+from agents.engine.protocol import (
+    EncodedIds,
+    EngineError,
+    FinishReason,
+    Generation,
+    SamplingParams,
+    TopLogprobs,
+)
 
 
 def request_body(
@@ -26,6 +34,16 @@ def request_body(
     if stream:
         body["stream"] = True
     return body
+
+
+def request_bytes(input_ids: list[int], params: SamplingParams, rid: str, stream: bool = False) -> bytes:
+    """`request_body` as JSON bytes; `EncodedIds` bring their own JSON text, spliced in as it is."""
+    if not isinstance(input_ids, EncodedIds):
+        return json.dumps(request_body(input_ids, params, rid, stream), separators=(",", ":")).encode()
+    rest = json.dumps(request_body([], params, rid, stream), separators=(",", ":"))
+    head = '{"input_ids":[]'
+    assert rest.startswith(head)
+    return ('{"input_ids":' + input_ids.json_text + rest[len(head) :]).encode()
 
 
 def parse_weight_version(raw: object) -> int:

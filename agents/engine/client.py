@@ -32,10 +32,12 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from agents.engine.answers import error_from_status, parse_generation, request_body
+from agents.engine.answers import error_from_status, parse_generation, request_bytes
 from agents.engine.protocol import EngineError, Generation, GenerationChunk, SamplingParams
 from agents.engine.stream_reader import StreamAccumulator, decode_event, sse_data
 from agents.settings import ClientSettings
+
+JSON = {"Content-Type": "application/json"}
 
 
 @dataclass(frozen=True)
@@ -148,8 +150,8 @@ class EngineClient:
         self._rid_engine[rid] = url
         finished = False
         try:
-            body = request_body(input_ids, params, rid, stream=True)
-            async with self._http().post(f"{url}/generate", json=body) as reply:
+            body = request_bytes(input_ids, params, rid, stream=True)
+            async with self._http().post(f"{url}/generate", data=body, headers=JSON) as reply:
                 if reply.status != 200:
                     raise error_from_status(reply.status, await reply.text(), url)
                 stream = StreamAccumulator(url, len(input_ids))
@@ -199,8 +201,8 @@ class EngineClient:
         self._requests[url] += 1
         self._rid_engine[rid] = url
         try:
-            body = request_body(input_ids, params, rid)
-            async with self._http().post(f"{url}/generate", json=body) as reply:
+            body = request_bytes(input_ids, params, rid)
+            async with self._http().post(f"{url}/generate", data=body, headers=JSON) as reply:
                 if reply.status != 200:
                     raise error_from_status(reply.status, await reply.text(), url)
                 payload = await reply.json(content_type=None)

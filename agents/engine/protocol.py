@@ -95,6 +95,16 @@ def _check_lengths(
         )
 
 
+class EncodedIds(list[int]):
+    """Token ids that carry their JSON array text, built by whoever grows them a piece at a time
+    (`agents.conversation.Conversation.encoded_ids`), so that a long context is not encoded again
+    for every request: the client splices the text into the request body as it is."""
+
+    def __init__(self, ids: list[int], json_text: str) -> None:
+        super().__init__(ids)
+        self.json_text = json_text
+
+
 class EngineError(Exception):
     """An inference request that failed for a reason that is not the model's answer."""
 

@@ -66,7 +66,7 @@ def logprobs_content(
 
 
 def usage(result: CallResult) -> dict[str, Any]:
-    prompt, completion = len(result.prompt_ids), len(result.completion.output_ids)
+    prompt, completion = result.prompt_tokens, len(result.completion.output_ids)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,

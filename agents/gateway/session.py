@@ -71,7 +71,8 @@ class CallResult:
     completion: Completion
     reply: ParsedReply
     finish_reason: str  # OpenAI's: stop | length | tool_calls
-    prompt_ids: list[int]  # the context the engine was sent (a copy)
+    prompt_tokens: int  # the context the engine was sent
+    prompt_ids: list[int] | None  # a copy of it, when the request asked for token ids
 
 
 @dataclass
@@ -167,7 +168,8 @@ class Session:
         )
         answer = assistant_message(reply)
         observation = self.conversation.take_pending_observation()
-        prompt_ids = list(self.conversation.ids)
+        prompt_tokens = len(self.conversation)
+        prompt_ids = list(self.conversation.ids) if request.return_token_ids else None
         self.conversation.add_output(completion.output_ids, answer)
         added = plan.added if isinstance(plan, Extend) else None
         self.seen.update(request.raw_messages, request.tools, added, whole, answer)
@@ -180,7 +182,7 @@ class Session:
             if reply.tool_calls
             else ("length" if completion.finish_reason == "length" else "stop")
         )
-        return CallResult(turn, completion, reply, finish, prompt_ids)
+        return CallResult(turn, completion, reply, finish, prompt_tokens, prompt_ids)
 
     def _context(
         self, request: ChatRequest, turn: int
@@ -231,7 +233,7 @@ class Session:
             completion = await generate_reply(
                 self.policy,
                 self.chat,
-                list(self.conversation.ids),
+                self.conversation.encoded_ids(),  # the context's JSON, each piece encoded once
                 params,
                 self._rid or "",
                 request.stop,

@@ -13,6 +13,7 @@ named by `gateway.admin_token_env`, else a new one is written to `<state_dir>/ga
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import secrets
 import signal
@@ -97,6 +98,10 @@ async def _serve(cfg: Config, chat: ChatFormat, model_name: str, token: str, tok
         )
         async with GatewayServer(gateway, admin.add_routes) as server:
             admin.server = server
+            # Everything alive now (torch's and the libraries' modules, hundreds of thousands of
+            # objects) lives as long as the process: out of the collector's full passes, which the
+            # sessions' messages trigger, so those passes cost what the sessions hold, not the imports.
+            gc.freeze()
             console.print(
                 f"gateway for {model_name!r} at {server.url} over {', '.join(cfg.client.urls)}; "
                 f"admin token: {token_source}"
