@@ -21,10 +21,20 @@ Stop tokens come from the model's `generation_config.json` and the template's tu
 first special token of the assistant's close), never from the tokenizer's `eos_token` name:
 SmolLM2's tokenizer may name `<|im_start|>` its eos while the template ends turns with
 `<|im_end|>`.
+
+OpenAI messages (the session gateway's): assistant messages may carry `tool_calls`, tool
+messages a `tool_call_id`, and a request may carry `tools`. A template that renders those
+itself (probed once: `native_tools`, `native_tool_calls`) gets them as transformers passes
+them (arguments as objects); one that does not gets them in the Hermes convention
+(`agents.chat_tools`): the tools in the system message, the calls in the assistant's
+content. `continuation` appends several messages at once (tool results, then a user
+message) and `render_ids` renders a whole history, once, for a session's first call or after
+a client changed its history.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -33,6 +43,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from agents.chat_template import ChatTemplate, ChatTemplateError, Message, special_tokens_of
+from agents.chat_tools import tool_calls_text, tools_prompt
 from streams.payloads import RenderDrift
 from trainer.checkpoint import CHAT_TEMPLATE, chat_template_text, generation_eos_ids, tokenizer_config
 from trainer.tokenizer import ENDOFTEXT, IM_END, load_tokenizer, special_token_ids
@@ -49,6 +60,12 @@ PROBE_HEAD: list[Message] = [
     {"role": "user", "content": PROBE_USER},
     {"role": "assistant", "content": PROBE_ASSISTANT},
 ]
+PROBE_TOOL_NAME = "probe_tool_7f3a"
+PROBE_TOOL = {
+    "type": "function",
+    "function": {"name": PROBE_TOOL_NAME, "description": "probe", "parameters": {"type": "object"}},
+}
+PROBE_CALL = {"id": "call_probe", "type": "function", "function": {"name": PROBE_TOOL_NAME, "arguments": {}}}
 
 
 def _message(role: str, content: str) -> Message:
@@ -66,15 +83,16 @@ def assistant_close(template: ChatTemplate) -> str:
     return before[before.rindex(PROBE_ASSISTANT) + len(PROBE_ASSISTANT) :]
 
 
-def turn_after_assistant(template: ChatTemplate, role: str, content: str, before: str | None = None) -> str:
-    """The text the template appends for a `role` message after an assistant one, through the next
-    assistant header (rendered with the real content, so a template that trims or escapes it does
-    so here too). `before`: the template's rendering of `PROBE_HEAD`, when the caller has it."""
+def turn_after_assistant(template: ChatTemplate, messages: list[Message], before: str | None = None) -> str:
+    """The text the template appends for `messages` after an assistant message, through the next
+    assistant header (rendered with the real contents, so a template that trims, escapes or groups
+    them does so here too). `before`: the template's rendering of `PROBE_HEAD`, when the caller has it."""
     before = template.render(PROBE_HEAD) if before is None else before
-    after = template.render([*PROBE_HEAD, _message(role, content)], add_generation_prompt=True)
+    after = template.render([*PROBE_HEAD, *messages], add_generation_prompt=True)
     if not after.startswith(before):
+        roles = ", ".join(str(m.get("role")) for m in messages)
         raise ChatTemplateError(
-            f"the template re-renders earlier messages when a {role} message follows an assistant one; "
+            f"the template re-renders earlier messages when ({roles}) follow an assistant message; "
             "its turns cannot be appended"
         )
     return after[len(before) :]
@@ -148,12 +166,69 @@ class ChatFormat:
     def observation(self, previous_output: Sequence[int], content: str, role: str = "user") -> list[int]:
         """Ids appended after `previous_output` to show `content` as the next `role` turn: the rest of
         the assistant's close (less the stop token the engine produced), then the template's turn."""
+        return self.continuation(previous_output, [_message(role, content)])
+
+    def continuation(self, previous_output: Sequence[int], messages: list[Message]) -> list[int]:
+        """Ids appended after `previous_output` to show `messages` (e.g. tool results, then a user
+        message): the rest of the assistant's close, then the template's turns through the next
+        assistant header. Costs one render of a few messages, whatever the history's length."""
         close = self.close
         stop = previous_output[-1] if previous_output else None
         if stop is not None and stop in self.stop_token_ids:
             stop_text = self.decode_exact([stop])
             close = close[len(stop_text) :] if close.startswith(stop_text) else close
-        return self.encode(close + turn_after_assistant(self.template, role, content, self._probe_head))
+        turns = turn_after_assistant(self.template, self.template_messages(messages), self._probe_head)
+        return self.encode(close + turns)
+
+    # ---- OpenAI tools ----
+
+    @cached_property
+    def native_tools(self) -> bool:
+        """Whether the template renders OpenAI `tools` itself (Qwen's do; SmolLM2's does not)."""
+        head = PROBE_HEAD[:2]
+        try:
+            return self.template.render(head, tools=[PROBE_TOOL]) != self.template.render(head)
+        except ChatTemplateError:
+            return False
+
+    @cached_property
+    def native_tool_calls(self) -> bool:
+        """Whether the template renders an assistant message's `tool_calls` itself."""
+        call = {"role": "assistant", "content": PROBE_ASSISTANT, "tool_calls": [PROBE_CALL]}
+        try:
+            return PROBE_TOOL_NAME in self.template.render([*PROBE_HEAD[:2], call])
+        except ChatTemplateError:
+            return False
+
+    def template_messages(self, messages: list[Message], tools: list[Message] | None = None) -> list[Message]:
+        """OpenAI messages as this template takes them (see the module docstring)."""
+        out: list[Message] = []
+        for message in messages:
+            message = {**message, "content": message.get("content") or ""}
+            calls = message.pop("tool_calls", None)
+            if calls and self.native_tool_calls:
+                message["tool_calls"] = [_with_object_arguments(call) for call in calls]
+            elif calls:
+                message["content"] = tool_calls_text(message["content"], calls)
+            out.append(message)
+        if tools and not self.native_tools:
+            if out and out[0].get("role") == "system":
+                out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{tools_prompt(tools)}"}
+            else:
+                out.insert(0, {"role": "system", "content": tools_prompt(tools)})
+        return out
+
+    def render_text(
+        self, messages: list[Message], tools: list[Message] | None = None, add_generation_prompt: bool = True
+    ) -> str:
+        """The template's rendering of OpenAI `messages` (and `tools`)."""
+        native = tools if tools and self.native_tools else None
+        rendered = self.template_messages(messages, tools)
+        return self.template.render(rendered, add_generation_prompt=add_generation_prompt, tools=native)
+
+    def render_ids(self, messages: list[Message], tools: list[Message] | None = None) -> list[int]:
+        """A whole history through the next assistant header, tokenised: a session's first context."""
+        return self.encode(self.render_text(messages, tools))
 
     def reply_text(self, output_ids: Sequence[int]) -> str:
         """The assistant message's content: the output less its final stop token, specials kept."""
@@ -162,12 +237,14 @@ class ChatFormat:
             ids = ids[:-1]
         return self.decode_exact(ids)
 
-    def render_drift(self, pieces: Sequence[Sequence[int]], messages: list[Message]) -> RenderDrift | None:
+    def render_drift(
+        self, pieces: Sequence[Sequence[int]], messages: list[Message], tools: list[Message] | None = None
+    ) -> RenderDrift | None:
         """Compare the context the engine saw (`pieces`: prompt, output 1, observation 1, output 2,
         ...) with the template's rendering of `messages`; None when they agree."""
         seen = self.decode_exact([t for piece in pieces for t in piece])
         ends_in_output = len(pieces) % 2 == 0
-        rendered = self.template.render(messages, add_generation_prompt=not ends_in_output)
+        rendered = self.render_text(messages, tools, add_generation_prompt=not ends_in_output)
         if ends_in_output:  # the re-render closes the last assistant message; the context is not closed yet
             rendered = rendered.removesuffix(self.close)
             last = pieces[-1]
@@ -188,3 +265,13 @@ class ChatFormat:
             seen=seen[offset : offset + DRIFT_EXCERPT_CHARS],
             rendered=rendered[offset : offset + DRIFT_EXCERPT_CHARS],
         )
+
+
+def _with_object_arguments(call: dict[str, object]) -> dict[str, object]:
+    """An OpenAI tool call with its arguments as an object (templates `tojson` them; vLLM does the same)."""
+    function = call.get("function")
+    if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+        text = function["arguments"]
+        arguments = json.loads(text) if text.strip() else {}
+        return {**call, "function": {**function, "arguments": arguments}}
+    return call

@@ -77,6 +77,7 @@ from streams.payloads import (
 )
 
 if TYPE_CHECKING:
+    from agents.mini_swe.runtime import AgentGateway
     from sandboxes.tasks import Task, Verdict
 
 ENGINE_ERROR_OUTCOMES = {
@@ -130,6 +131,7 @@ class EpisodeServices:
     backend: str
     source: str
     command_timeout_s: float
+    gateway: AgentGateway | None = None  # an OpenAI-speaking scaffold's gateway (`agent.scaffold`)
 
 
 @dataclass
@@ -166,6 +168,12 @@ class Ending:
 
 
 class Episode:
+    """Our bash scaffold's episode; `scaffold` names the agent on `trajectory.started`, and a
+    subclass that runs another agent replaces `_start_conversation` and `_turns`
+    (`agents.mini_swe.episode`)."""
+
+    scaffold = "bash"
+
     def __init__(self, spec: EpisodeSpec, services: EpisodeServices, sink: EventSink) -> None:
         self.spec = spec
         self.services = services
@@ -178,8 +186,11 @@ class Episode:
         self._cancellable = False
         self._rid: str | None = None
         self._agent_deadline = float("inf")  # set when the agent's turns begin
-        system = system_prompt(services.agent.submit_command)
-        self.conversation = Conversation.start(services.chat, system, instance_prompt(spec.task.instruction))
+        self.conversation = self._start_conversation()
+
+    def _start_conversation(self) -> Conversation:
+        system = system_prompt(self.services.agent.submit_command)
+        return Conversation.start(self.services.chat, system, instance_prompt(self.spec.task.instruction))
 
     # ---- control -------------------------------------------------------------------
 
@@ -194,7 +205,7 @@ class Episode:
     async def run(self) -> TrajectoryFinished:
         self._task = asyncio.current_task()  # type: ignore[assignment]
         started = time.monotonic()
-        prompt = self.conversation.prompt
+        prompt = self.conversation.prompt if self.conversation.pieces else []
         s = self.spec
         await self._emit(
             TrajectoryStarted(
@@ -203,6 +214,7 @@ class Episode:
                 group_size=s.group_size,
                 limits=s.limits,
                 prompt_token_ids=prompt,
+                scaffold=self.scaffold,
             )
         )
         ending = await self._run_cancellable()
@@ -481,6 +493,8 @@ class Episode:
             times=times,
             injected=ending.injected and ending.outcome.is_infra_error,
             render_drift=self.conversation.drift(),
+            history_drifts=len(self.conversation.drifts),
+            history_drift=self.conversation.drifts[0] if self.conversation.drifts else None,
         )
         await self._emit(finished)
         return finished

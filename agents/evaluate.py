@@ -21,8 +21,9 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from agents.episode import Episode, EpisodeServices, EpisodeSpec, EventSink
+from agents.episode import EpisodeServices, EpisodeSpec, EventSink
 from agents.identity import group_id, trajectory_id
+from agents.scaffolds import new_episode
 from sandboxes.tasks import Task
 from streams.outcomes import Outcome
 from streams.payloads import Limits
@@ -131,7 +132,7 @@ async def evaluate(
                 limits=limits,
             )
             async with slots:
-                finished = await Episode(spec, services, sink).run()
+                finished = await new_episode(spec, services, sink).run()
             if not finished.outcome.is_infra_error:
                 result = AttemptResult(
                     task.id, attempt, finished.outcome == Outcome.RESOLVED, finished.outcome.value, retry

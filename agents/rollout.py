@@ -59,6 +59,7 @@ from agents.episode import Episode, EpisodeServices, EpisodeSpec
 from agents.event_sink import KafkaEventSink
 from agents.finished_log import finished_since
 from agents.offsets import OffsetTracker, Partition
+from agents.scaffolds import new_episode
 from agents.settings import RolloutSettings
 from agents.submit import TaskRef, request_event
 from sandboxes.tasks import Task, TaskFormatError, load_task
@@ -348,7 +349,7 @@ class RolloutWorker:
 
     async def _run_episode(self, spec: EpisodeSpec) -> TrajectoryFinished:
         assert self._sink is not None
-        episode = Episode(spec, self.services, self._sink)
+        episode = new_episode(spec, self.services, self._sink)
         self.episodes[spec.trajectory_id] = episode
         reason = self.aborts.reason(spec.trajectory_id)
         if reason is not None:

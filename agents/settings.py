@@ -73,15 +73,59 @@ class ClientSettings(Frozen):
     faults: ClientFaultSettings = ClientFaultSettings()
 
 
-class AgentSettings(Frozen):
-    """The bash scaffold (mini-swe-agent style)."""
+class MiniSweSettings(Frozen):
+    """mini-swe-agent as the scaffold (`agent.scaffold = "mini-swe-agent"`), run unmodified: these
+    are settings passed to it through its own config and environment variables."""
 
+    config: str = Field(
+        default="mini.yaml",
+        description="its agent config: a file name among its built-in configs (mini.yaml is what its "
+        "`mini` command uses) or a path to a YAML file",
+    )
+    model_retries: int = Field(
+        default=2, ge=1, description="its model call attempts (MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT)"
+    )
+    state_dir: str = Field(
+        default="",
+        description="its global config directory (MSWEA_GLOBAL_CONFIG_DIR); empty: <state_dir>/mini",
+    )
+
+
+class AgentSettings(Frozen):
+    """The agent: our bash scaffold (mini-swe-agent style) or an OpenAI-speaking one behind the gateway."""
+
+    scaffold: Literal["bash", "mini-swe-agent"] = Field(
+        default="bash",
+        description="bash: our scaffold, token ids to the engine; mini-swe-agent: unmodified mini-swe-agent "
+        "2.x through the session gateway (pip install rollstream[mini])",
+    )
+    mini: MiniSweSettings = MiniSweSettings()
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
     max_format_errors: int = Field(default=3, ge=1, description="format errors in a row that end the episode")
     submit_command: str = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
     shell: str = Field(default="bash", description="each command runs as `<shell> -c <command>`")
+
+
+class GatewaySettings(Frozen):
+    """The session gateway: OpenAI's chat completions in front of the engines (`agents/gateway/`)."""
+
+    host: str = Field(default="127.0.0.1", description="loopback unless configured otherwise")
+    port: int = Field(default=0, ge=0, description="0: a free port (the rollout worker's own gateway)")
+    model_name: str = Field(default="", description="the served model's name; empty: its directory's name")
+    admin_token_env: str = Field(
+        default="ROLLSTREAM_GATEWAY_TOKEN",
+        description="environment variable holding the token that opens and closes sessions over HTTP "
+        "(`rollstream gateway serve`); unset: a new token is written to <state_dir>/gateway.token",
+    )
+    session_timeout_s: float = Field(
+        default=1800.0, gt=0, description="a session opened over HTTP without a timeout ends after this long"
+    )
+    ended_sessions_kept: int = Field(
+        default=4096, ge=0, description="ended sessions remembered, so a late call hears why (403), not 404"
+    )
+    max_request_mb: int = Field(default=64, ge=1, description="largest request body accepted")
 
 
 class ExpertSettings(Frozen):

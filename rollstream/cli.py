@@ -37,6 +37,7 @@ SUB_APPS = (
     ("sandbox", "sandbox"),
     ("model", "model"),
     ("engine", "engine"),
+    ("gateway", "gateway"),
     ("weights", "weights"),
     ("rollout", "rollout"),
     ("bench", "bench"),

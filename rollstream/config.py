@@ -21,6 +21,7 @@ from agents.settings import (
     EvalSettings,
     ExpertSettings,
     FollowSettings,
+    GatewaySettings,
     RolloutSettings,
 )
 from rollstream.chaos_settings import ChaosSettings
@@ -127,6 +128,7 @@ class Config(Frozen):
     client: ClientSettings = ClientSettings()
     follow: FollowSettings = FollowSettings()
     agent: AgentSettings = AgentSettings()
+    gateway: GatewaySettings = GatewaySettings()
     rollout: RolloutSettings = RolloutSettings()
     expert: ExpertSettings = ExpertSettings()
     eval: EvalSettings = EvalSettings()

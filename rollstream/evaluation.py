@@ -21,6 +21,7 @@ from agents.engine.client import EngineClient
 from agents.evaluate import AttemptResult, EvalResult, evaluate
 from agents.event_sink import KafkaEventSink
 from agents.submit import limits_of
+from rollstream.agent_gateway import worker_gateway
 from rollstream.commands.rollout import episode_services
 from rollstream.config import Config
 from rollstream.launcher.process import free_port
@@ -94,8 +95,9 @@ async def _evaluate(
         EngineClient(client_settings) as client,
         pool,
         EventProducer(cfg.kafka, cfg.topics) as producer,
+        worker_gateway(cfg, chat, client, model_dir) as gateway,
     ):
-        services = episode_services(cfg, client, pool, chat)
+        services = episode_services(cfg, client, pool, chat, gateway)
         result = await evaluate(
             run_id,
             load_tasks(tasks_dir),

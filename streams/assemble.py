@@ -16,6 +16,15 @@ Token layout of the result: the prompt, then per turn the observation tokens
 mask 1, with the engine's logprob and weight version of each token). Prompt and
 observation tokens carry logprob 0.0 and version -1. The arrays are `array.array`s
 (int32 ids and versions, int8 mask, float64 logprobs), like the payloads' (`streams.packed`).
+`prompt_tokens` counts the context before the first output (a gateway session's prompt
+arrives as turn 1's observation).
+
+A turn with a `drift` (a gateway client changed its history, `HistoryDrift`) first cuts the
+arrays back to `drift.offset` tokens, then appends its observation (the re-rendered rest, mask
+0) and output: the trajectory is the last context the engine saw, every token the policy
+generated in that very context keeps its mask, and tokens it generated in a context that is
+gone (or that were re-tokenised from a client's messages) are not trained on. Turn records
+whose output was cut away are dropped; `turns` still counts every call.
 
 `check_event(event)` is the per-event half of the same validation, so a stream
 worker can dead-letter one bad event without waiting for its trajectory.
@@ -96,6 +105,7 @@ class Trajectory:
     oldest_version: int | None  # of its generated tokens; None when it generated none
     newest_version: int | None
     turn_records: tuple[TurnRecord, ...] = field(default=())
+    history_drifts: int = 0  # turns whose context a gateway client changed (see the module docstring)
 
     @property
     def is_scored(self) -> bool:
@@ -244,6 +254,11 @@ class _Arrays:
         self.logprobs.extend(turn.output_logprobs)
         self.versions.extend(turn.output_versions)
 
+    def cut(self, length: int) -> None:
+        """Keep the first `length` tokens (a drift: what followed them left the context)."""
+        for values in (self.token_ids, self.loss_mask, self.logprobs, self.versions):
+            del values[length:]
+
 
 @dataclass
 class _Times:
@@ -286,25 +301,41 @@ class _Turns:
     arrays: _Arrays = field(default_factory=_Arrays)
     records: list[TurnRecord] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    count: int = 0  # turns folded (records cut away by a drift included)
+    drifts: int = 0
+    first_output: int | None = None  # where the first output kept starts: the prompt's length
 
     def add(self, data: object) -> None:
         if isinstance(data, TurnGenerated):
-            if data.turn != len(self.records) + 1:
-                raise MalformedTrajectory(
-                    self.trajectory_id, f"turn {data.turn} follows turn {len(self.records)}"
-                )
+            if data.turn != self.count + 1:
+                raise MalformedTrajectory(self.trajectory_id, f"turn {data.turn} follows turn {self.count}")
+            self.count += 1
+            if data.drift is not None:
+                self._cut(data.drift.offset)
             observation_start = len(self.arrays.token_ids)
             self.arrays.add_context(data.observation_token_ids)
             output_start = len(self.arrays.token_ids)
             self.arrays.add_output(data)
             self.versions += data.output_versions or [data.weight_version]
             end = len(self.arrays.token_ids)
+            self.first_output = output_start if self.first_output is None else self.first_output
             self.records.append(
                 TurnRecord(data.turn, observation_start, output_start, end, None, None, data.finish_reason)
             )
         elif isinstance(data, ToolExecuted) and self.records and self.records[-1].turn == data.turn:
             last = self.records[-1]
             self.records[-1] = dataclasses.replace(last, command=data.command, tool_output=data.output)
+
+    def _cut(self, offset: int) -> None:
+        length = len(self.arrays.token_ids)
+        if offset > length:
+            reason = f"turn {self.count}'s drift keeps {offset} tokens of a {length}-token context"
+            raise MalformedTrajectory(self.trajectory_id, reason)
+        self.drifts += 1
+        self.arrays.cut(offset)
+        self.records = [r for r in self.records if r.output_end <= offset]
+        if self.first_output is not None and self.first_output >= offset:
+            self.first_output = self.records[0].output_start if self.records else None
 
 
 def _build(events: list[Event]) -> Trajectory:
@@ -319,6 +350,7 @@ def _build(events: list[Event]) -> Trajectory:
         times.add(event)
         turns.add(event.data)
     arrays = turns.arrays
+    prompt_tokens = turns.first_output if turns.first_output is not None else len(arrays.token_ids)
     return Trajectory(
         run_id=start.run_id,
         group_id=start.group_id or "",
@@ -335,8 +367,8 @@ def _build(events: list[Event]) -> Trajectory:
         loss_mask=arrays.loss_mask,
         rollout_logprobs=arrays.logprobs,
         token_versions=arrays.versions,
-        prompt_tokens=len(started.prompt_token_ids),
-        turns=len(turns.records),
+        prompt_tokens=prompt_tokens,
+        turns=turns.count,
         generated_tokens=sum(arrays.loss_mask),
         context_tokens=len(arrays.token_ids),
         times=times.breakdown(finished.times.agent_install_s, (end.time_ns - start.time_ns) / 1e9),
@@ -345,4 +377,5 @@ def _build(events: list[Event]) -> Trajectory:
         oldest_version=min(turns.versions, default=None),
         newest_version=max(turns.versions, default=None),
         turn_records=tuple(turns.records),
+        history_drifts=turns.drifts,
     )

@@ -61,7 +61,8 @@ def messages_of(trajectory: Trajectory, decode: Decode | None) -> list[dict[str,
     messages = [{"role": "user", "content": decode(prompt) if decode else f"<{len(prompt)} prompt tokens>"}]
     previous_output: str | None = None
     for record in trajectory.turn_records:
-        observation = ids[record.observation_start : record.output_start]
+        # a gateway session's prompt is its first turn's observation: shown once, as the prompt
+        observation = ids[max(record.observation_start, trajectory.prompt_tokens) : record.output_start]
         if observation:
             text = decode(observation) if decode else (previous_output or "")
             messages.append({"role": "tool", "content": text})

@@ -19,6 +19,7 @@ class Outcome(StrEnum):
     INFRA_NETWORK = "infra_error:network"
     INFRA_TIMEOUT = "infra_error:timeout"
     INFRA_VERIFIER = "infra_error:verifier"
+    INFRA_AGENT = "infra_error:agent"  # an off-the-shelf scaffold crashed (not the policy's answer)
 
     @property
     def is_infra_error(self) -> bool:
@@ -34,7 +35,7 @@ class Outcome(StrEnum):
         return not self.is_infra_error
 
 
-INFRA_KINDS = ("sandbox_start", "sandbox_lost", "engine", "network", "timeout", "verifier")
+INFRA_KINDS = ("sandbox_start", "sandbox_lost", "engine", "network", "timeout", "verifier", "agent")
 
 
 def infra_outcome(kind: str) -> Outcome:

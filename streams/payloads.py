@@ -64,7 +64,12 @@ class TrajectoryStarted(RolloutPayload):
     retry: int = Field(default=0, ge=0, description="re-runs of this attempt after infra errors")
     group_size: int = Field(ge=1)
     limits: Limits
-    prompt_token_ids: TokenIds = Field(default_factory=empty("i"), description="system + instance prompt")
+    prompt_token_ids: TokenIds = Field(
+        default_factory=empty("i"),
+        description="system + instance prompt; empty for a gateway session, whose prompt is its first "
+        "call's messages (turn 1's observation_token_ids)",
+    )
+    scaffold: str = Field(default="bash", description="the agent: bash (ours), mini-swe-agent, gateway")
 
 
 class SandboxRequested(RolloutPayload):
@@ -95,6 +100,21 @@ class SandboxReleased(RolloutPayload):
     lifetime_s: float = Field(ge=0)
 
 
+class HistoryDrift(BaseModel):
+    """A gateway call whose messages were not an extension of what the engine had seen (the client
+    edited, dropped or inserted a message, or changed its tools): its context was re-rendered from
+    the messages. The previous context's first `offset` tokens stay, with their loss mask; the
+    tokens after them left the context, and the re-rendered rest (this turn's observation) is
+    masked: the policy did not generate it in that context."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    turn: int = Field(ge=1, description="the call whose request changed the history")
+    message: int = Field(ge=0, description="index of the first message that differs from what was seen")
+    offset: int = Field(ge=0, description="tokens of the previous context kept (where the re-render differs)")
+    replaced_tokens: int = Field(ge=0, description="tokens of the previous context after offset, now gone")
+    reason: str = Field(description="edited | dropped | inserted | tools: what the client changed")
+
+
 class TurnGenerated(RolloutPayload):
     turn: int = Field(ge=1)
     observation_token_ids: TokenIds = Field(description="prompt tokens new since the last turn (mask 0)")
@@ -107,6 +127,14 @@ class TurnGenerated(RolloutPayload):
     context_tokens: int = Field(ge=0, description="tokens in the context after this turn")
     queue_wait_s: float = Field(default=0.0, ge=0)
     latency_s: float = Field(ge=0)
+    drift: HistoryDrift | None = Field(
+        default=None,
+        description="set when this call's history was re-rendered: the context is the previous one's "
+        "first drift.offset tokens, then observation_token_ids",
+    )
+    tool_call_error: str | None = Field(
+        default=None, description="why the output's <tool_call> could not be read (it went out as content)"
+    )
 
 
 class ToolExecuted(RolloutPayload):
@@ -155,6 +183,8 @@ class TrajectoryFinished(RolloutPayload):
     render_drift: RenderDrift | None = Field(
         default=None, description="where a re-render by the chat template differs from what the engine saw"
     )
+    history_drifts: int = Field(default=0, ge=0, description="gateway calls whose history was re-rendered")
+    history_drift: HistoryDrift | None = Field(default=None, description="the first of them")
 
 
 # ---- derived and control records ------------------------------------------------
@@ -181,6 +211,7 @@ class TrajectoryAssembled(Payload):
     context_tokens: int
     times: TimeBreakdown
     policy: PolicySettings = Field(description="policies in force: the worker's, with the episode's limits")
+    history_drifts: int = Field(default=0, ge=0, description="turns whose history a client changed (masked)")
 
 
 class GroupFormed(Payload):

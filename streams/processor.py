@@ -268,6 +268,7 @@ class StreamProcessor:
             context_tokens=trajectory.context_tokens,
             times=trajectory.times,
             policy=policy,
+            history_drifts=trajectory.history_drifts,
         )
         event = make_event(
             data,

@@ -4,7 +4,8 @@
 key's murmur2 partition, as Kafka's default partitioner picks it, cached per key)
 and returns at once; a batch goes to aiokafka when it is full, holds
 `kafka.producer_batch_records` records, or has lingered `kafka.linger_ms`. Handing
-aiokafka whole batches skips its per-record send path. `flush` waits until
+aiokafka whole batches skips its per-record send path. The linger loop sleeps while no batch
+is open, so an idle producer costs no wake-ups (a gateway or worker waiting on engines). `flush` waits until
 everything sent is acked and raises the first delivery error; `send_and_wait`
 returns once that event is acked. Records of one partition keep their send order.
 """
@@ -69,6 +70,7 @@ class EventProducer:
         self._inflight: set[asyncio.Future[Any]] = set()
         self._error: BaseException | None = None
         self._linger_task: asyncio.Task[None] | None = None
+        self._batch_opened = asyncio.Event()  # set while some batch is open (the linger loop's cue)
 
     async def __aenter__(self) -> EventProducer:
         await self._producer.start()
@@ -133,9 +135,11 @@ class EventProducer:
         batch = self._open.get(tp)
         if batch is None:
             batch = self._open[tp] = _OpenBatch(self._producer.create_batch(), time.monotonic())
+            self._batch_opened.set()
         if batch.builder.append(timestamp=None, key=key, value=value) is None:
             await self._submit(tp)  # full: ship it and start another
             batch = self._open[tp] = _OpenBatch(self._producer.create_batch(), time.monotonic())
+            self._batch_opened.set()
             if batch.builder.append(timestamp=None, key=key, value=value) is None:
                 raise BusError(f"record of {len(value)} bytes does not fit an empty batch of {topic}")
         if batch.builder.record_count() >= self._kafka.producer_batch_records:
@@ -191,6 +195,7 @@ class EventProducer:
     async def _linger_loop(self) -> None:
         linger_s = max(self._kafka.linger_ms, 1) / 1000
         while True:
+            await self._batch_opened.wait()
             await asyncio.sleep(linger_s)
             now = time.monotonic()
             for tp, batch in list(self._open.items()):
@@ -199,6 +204,8 @@ class EventProducer:
                         await self._submit(tp)
                     except Exception as error:  # surfaced by the next send or flush
                         self._error = self._error or error
+            if not self._open:
+                self._batch_opened.clear()
 
 
 def _key(short_topic: str, event: Event) -> bytes | None:

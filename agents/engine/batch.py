@@ -12,11 +12,12 @@ keeps several DecodeBatches bucketed by length so padding stays bounded.
 from __future__ import annotations
 
 import concurrent.futures
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from agents.engine.protocol import FinishReason, SamplingParams
+from agents.engine.protocol import FinishReason, SamplingParams, TopLogprobs
 from agents.engine.sampling import BatchSampling
 from trainer.model import KVCache, ModelConfig
 
@@ -36,6 +37,23 @@ class EngineResult:
     weight_version: int
     queue_wait_s: float
     latency_s: float
+    output_top_logprobs: tuple[TopLogprobs, ...] = ()  # per token, when the request asked for them
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One sampled token as it leaves the scheduler, for a streaming request's listener."""
+
+    index: int  # position in the request's output
+    token: int
+    logprob: float
+    version: int
+    top: TopLogprobs = ()
+
+
+# Called from the scheduler thread for every token of a streaming request: must be quick and
+# thread-safe (the HTTP server hands the event to its loop with `call_soon_threadsafe`).
+TokenListener = Callable[[TokenEvent], None]
 
 
 @dataclass(eq=False)
@@ -54,6 +72,8 @@ class RunningRequest:
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     output_versions: list[int] = field(default_factory=list)
+    output_top_logprobs: list[TopLogprobs] = field(default_factory=list)
+    listener: TokenListener | None = None
 
     @property
     def reserved_tokens(self) -> int:
@@ -62,11 +82,15 @@ class RunningRequest:
     def same_request(self, input_ids: list[int], params: SamplingParams) -> bool:
         return self.input_ids == input_ids and self.params == params
 
-    def append(self, token: int, logprob: float, version: int) -> FinishReason | None:
-        """Record one sampled token; the finish reason when it ends the request."""
+    def append(self, token: int, logprob: float, version: int, top: TopLogprobs = ()) -> FinishReason | None:
+        """Record one sampled token (and tell the listener); the finish reason when it ends the request."""
         self.output_ids.append(token)
         self.output_logprobs.append(logprob)
         self.output_versions.append(version)
+        if self.params.top_logprobs:
+            self.output_top_logprobs.append(top)
+        if self.listener is not None:
+            self.listener(TokenEvent(len(self.output_ids) - 1, token, logprob, version, top))
         if token in self.params.stop_token_ids:
             return "stop"
         if len(self.output_ids) >= self.max_new_tokens:
@@ -88,6 +112,7 @@ class RunningRequest:
             weight_version=version,
             queue_wait_s=admitted - self.arrival,
             latency_s=now - self.arrival,
+            output_top_logprobs=tuple(self.output_top_logprobs),
         )
 
 
@@ -99,6 +124,7 @@ def request_sampling(requests: list[RunningRequest], steps: list[int]) -> BatchS
         [r.params.top_k for r in requests],
         [r.seed for r in requests],
         steps,
+        [r.params.top_logprobs for r in requests],
     )
 
 

@@ -13,6 +13,11 @@
   is kind "context" and is not retried; other 4xx are kind "request".
 - A cancelled `generate` aborts its request on the engine, so a cancelled episode does
   not keep generating.
+- `generate_stream` yields the tokens as the engine samples them (`GenerationChunk`s), then
+  the whole `Generation`. It is retried like `generate` only until its first token has
+  arrived; a stream that breaks after that is an engine error (a restarted generation could
+  sample other tokens than those already handed on). Closing or cancelling the iteration
+  before its end aborts the request on the engine.
 """
 
 from __future__ import annotations
@@ -22,13 +27,17 @@ import contextlib
 import itertools
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 
-from agents.engine.protocol import EngineError, Generation, SamplingParams
+from agents.engine.answers import error_from_status, parse_generation, request_bytes
+from agents.engine.protocol import EngineError, Generation, GenerationChunk, SamplingParams
+from agents.engine.stream_reader import StreamAccumulator, decode_event, sse_data
 from agents.settings import ClientSettings
+
+JSON = {"Content-Type": "application/json"}
 
 
 @dataclass(frozen=True)
@@ -39,61 +48,6 @@ class ClientMetrics:
     in_flight_cap_wait_s: float  # total time spent waiting on it
     retries: int
     errors: dict[str, int]  # per EngineError kind
-
-
-def request_body(input_ids: list[int], params: SamplingParams, rid: str) -> dict[str, Any]:
-    sampling: dict[str, Any] = {
-        "max_new_tokens": params.max_new_tokens,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        "top_k": params.top_k,
-        "stop_token_ids": list(params.stop_token_ids),
-    }
-    if params.seed is not None:
-        sampling["sampling_seed"] = params.seed
-    return {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True, "rid": rid}
-
-
-def parse_weight_version(raw: object) -> int:
-    """SGLang reports weight_version as a string ("default" until one is set)."""
-    try:
-        return int(str(raw))
-    except ValueError:
-        return 0
-
-
-def parse_generation(payload: dict[str, Any], engine_id: str, prompt_tokens: int) -> Generation:
-    """An SGLang /generate answer → Generation; a malformed one is an engine error."""
-    try:
-        meta = payload["meta_info"]
-        output_ids = tuple(int(t) for t in payload["output_ids"])
-        logprobs = tuple(float(entry[0]) for entry in meta["output_token_logprobs"])
-        version = parse_weight_version(meta.get("weight_version"))
-        versions = tuple(int(v) for v in meta.get("output_token_versions", [version] * len(output_ids)))
-        reason = meta["finish_reason"]["type"]
-        if reason not in ("stop", "length", "abort"):
-            raise ValueError(f"unknown finish_reason {reason!r}")
-        return Generation(
-            output_ids=output_ids,
-            output_logprobs=logprobs,
-            output_versions=versions,
-            finish_reason=reason,
-            weight_version=version,
-            engine_id=engine_id,
-            prompt_tokens=int(meta.get("prompt_tokens", prompt_tokens)),
-            queue_wait_s=float(meta.get("queue_time") or 0.0),
-            latency_s=float(meta.get("e2e_latency") or 0.0),
-        )
-    except (KeyError, TypeError, ValueError, IndexError) as error:
-        raise EngineError("engine", f"malformed /generate answer: {error!r}", engine_id=engine_id) from None
-
-
-def error_from_status(status: int, body: str, engine_id: str) -> EngineError:
-    if status == 400 and ("context_length_exceeded" in body or "context length" in body):
-        return EngineError("context", body.strip()[:500], engine_id=engine_id)
-    if 400 <= status < 500 and status != 429:
-        return EngineError("request", f"HTTP {status}: {body.strip()[:500]}", engine_id=engine_id)
-    return EngineError("engine", f"HTTP {status}: {body.strip()[:500]}", engine_id=engine_id)
 
 
 class EngineClient:
@@ -153,12 +107,77 @@ class EngineClient:
 
     async def generate(self, input_ids: list[int], params: SamplingParams, rid: str) -> Generation:
         """Generate on the least-loaded engine; raises EngineError when every attempt failed."""
+        async with self._in_flight_slot():
+            return await self._generate_with_retries(input_ids, params, rid)
+
+    @contextlib.asynccontextmanager
+    async def _in_flight_slot(self) -> AsyncIterator[None]:
         if self._cap.locked():
             self._cap_waits += 1
         waited = time.monotonic()
         async with self._cap:
             self._cap_wait_s += time.monotonic() - waited
-            return await self._generate_with_retries(input_ids, params, rid)
+            yield
+
+    async def generate_stream(
+        self, input_ids: list[int], params: SamplingParams, rid: str
+    ) -> AsyncIterator[GenerationChunk | Generation]:
+        """The generation's tokens as they are sampled, then the whole `Generation` (see the module
+        docstring for retries and aborts)."""
+        async with self._in_flight_slot():
+            failed: str | None = None
+            for attempt in range(self.settings.retries + 1):
+                url = self._pick(avoid=failed)
+                started = False
+                try:
+                    async for item in self._stream_attempt(url, input_ids, params, rid):
+                        started = True
+                        yield item
+                    return
+                except EngineError as error:
+                    self._errors[error.kind] += 1
+                    if started or not error.retryable or attempt == self.settings.retries:
+                        raise
+                    failed = url
+                    self._retries += 1
+                    await asyncio.sleep(self.settings.retry_backoff_s * (2**attempt))
+
+    async def _stream_attempt(
+        self, url: str, input_ids: list[int], params: SamplingParams, rid: str
+    ) -> AsyncIterator[GenerationChunk | Generation]:
+        self._in_flight[url] += 1
+        self._requests[url] += 1
+        self._rid_engine[rid] = url
+        finished = False
+        try:
+            body = request_bytes(input_ids, params, rid, stream=True)
+            async with self._http().post(f"{url}/generate", data=body, headers=JSON) as reply:
+                if reply.status != 200:
+                    raise error_from_status(reply.status, await reply.text(), url)
+                stream = StreamAccumulator(url, len(input_ids))
+                async for data in sse_data(reply.content):
+                    chunk, generation = stream.add(decode_event(data, url))
+                    if chunk is not None:
+                        yield chunk
+                    if generation is not None:
+                        finished = True
+                        yield generation
+                        return
+            raise EngineError("engine", "the stream ended before the generation finished", engine_id=url)
+        except aiohttp.ClientConnectionError as error:
+            kind = "engine" if isinstance(error, aiohttp.SocketTimeoutError) else "network"
+            raise EngineError(kind, f"{type(error).__name__}: {error}", engine_id=url) from None
+        except TimeoutError:
+            raise EngineError(
+                "engine", f"no answer within {self.settings.timeout_s}s", engine_id=url
+            ) from None
+        except aiohttp.ClientPayloadError as error:
+            raise EngineError("engine", f"unreadable stream: {error}", engine_id=url) from None
+        finally:
+            self._in_flight[url] -= 1
+            self._rid_engine.pop(rid, None)
+            if not finished:  # closed, cancelled or failed before the end: stop the engine generating
+                await asyncio.shield(self._abort_on(url, rid))
 
     async def _generate_with_retries(
         self, input_ids: list[int], params: SamplingParams, rid: str
@@ -182,8 +201,8 @@ class EngineClient:
         self._requests[url] += 1
         self._rid_engine[rid] = url
         try:
-            body = request_body(input_ids, params, rid)
-            async with self._http().post(f"{url}/generate", json=body) as reply:
+            body = request_bytes(input_ids, params, rid)
+            async with self._http().post(f"{url}/generate", data=body, headers=JSON) as reply:
                 if reply.status != 200:
                     raise error_from_status(reply.status, await reply.text(), url)
                 payload = await reply.json(content_type=None)

@@ -36,7 +36,14 @@ from pathlib import Path
 
 import torch
 
-from agents.engine.batch import DecodeBatch, Decoder, EngineResult, RunningRequest, request_sampling
+from agents.engine.batch import (
+    DecodeBatch,
+    Decoder,
+    EngineResult,
+    RunningRequest,
+    TokenListener,
+    request_sampling,
+)
 from agents.engine.errors import (
     ContextLengthError,
     EngineFailure,
@@ -47,7 +54,7 @@ from agents.engine.errors import (
 from agents.engine.prefill import Prefilled, prefill_step
 from agents.engine.prefix_cache import PrefixCache
 from agents.engine.protocol import FinishReason, SamplingParams
-from agents.engine.sampling import sample
+from agents.engine.sampling import sample_with_alternatives
 from agents.settings import EngineSettings
 from trainer.checkpoint import TORCH_DTYPES, load_model, weight_version
 from trainer.model import KVCache, PolicyModel
@@ -110,9 +117,15 @@ class Engine:
         self._thread.join(timeout=30)
 
     def submit(
-        self, rid: str, input_ids: list[int], params: SamplingParams
+        self,
+        rid: str,
+        input_ids: list[int],
+        params: SamplingParams,
+        listener: TokenListener | None = None,
     ) -> concurrent.futures.Future[EngineResult]:
-        """Queue a request. A retry with the same rid and input joins the request already in flight."""
+        """Queue a request. A retry with the same rid and input joins the request already in flight
+        (a joining `listener` is not called: the joined request's tokens come with its result).
+        `listener` (streaming) is called from the scheduler thread with each token as it is sampled."""
         cap = self.settings.context_length
         if not input_ids:
             raise EngineRefusal("input_ids is empty: send at least one token")
@@ -147,6 +160,7 @@ class Engine:
                 max_new_tokens=min(params.max_new_tokens, cap - len(input_ids)),
                 arrival=time.monotonic(),
                 future=concurrent.futures.Future(),
+                listener=listener,
             )
             if request.max_new_tokens == 0:
                 request.future.set_result(request.result("length", self.weight_version, time.monotonic()))
@@ -365,12 +379,13 @@ class Engine:
         with self._lock:
             self._prefilling = [r for r in self._prefilling if r not in requests]
         sampling = request_sampling(requests, [0] * len(requests))
-        tokens, logprobs = sample(torch.stack([logits for _, logits, _ in completed]), sampling)
+        sampled = sample_with_alternatives(torch.stack([logits for _, logits, _ in completed]), sampling)
         finished: list[tuple[RunningRequest, FinishReason]] = []
-        drawn = zip(completed, tokens.tolist(), logprobs.tolist(), strict=True)
-        for (request, _, cache), token, logprob in drawn:
+        top = sampled.top or ((),) * len(completed)
+        drawn = zip(completed, sampled.tokens.tolist(), sampled.logprobs.tolist(), top, strict=True)
+        for (request, _, cache), token, logprob, alternatives in drawn:
             self._generated += 1
-            reason = request.append(token, logprob, version)
+            reason = request.append(token, logprob, version, alternatives)
             if reason is not None:
                 finished.append((request, reason))
             else:
@@ -384,14 +399,15 @@ class Engine:
         """One decode step over one bucket; finished requests are returned, not yet removed."""
         tokens, start, cache, sampling = bucket.prepare_step()
         logits = model.forward_cached(tokens, start, cache)[:, -1]
-        next_tokens, logprobs = sample(logits, sampling)
+        sampled = sample_with_alternatives(logits, sampling)
         bucket.finish_step()
         self._decode_steps += 1
         self._generated += len(bucket)
         finished: list[tuple[RunningRequest, FinishReason]] = []
-        drawn = zip(bucket.requests, next_tokens.tolist(), logprobs.tolist(), strict=True)
-        for request, token, logprob in drawn:
-            reason = request.append(token, logprob, version)
+        top = sampled.top or ((),) * len(bucket)
+        drawn = zip(bucket.requests, sampled.tokens.tolist(), sampled.logprobs.tolist(), top, strict=True)
+        for request, token, logprob, alternatives in drawn:
+            reason = request.append(token, logprob, version, alternatives)
             if reason is not None:
                 finished.append((request, reason))
         return finished

@@ -32,7 +32,7 @@ import aiohttp
 from aiohttp import web
 from aiokafka.errors import KafkaError
 
-from agents.engine.client import parse_weight_version
+from agents.engine.answers import parse_weight_version
 from agents.engine.engine import Engine, EngineRefusal
 from agents.settings import FollowSettings
 from streams.bus import BusError, EventConsumer

@@ -20,6 +20,8 @@ from typing import Literal
 
 FinishReason = Literal["stop", "length", "abort"]
 EngineErrorKind = Literal["engine", "network", "context", "request"]
+# One token's most likely alternatives: (token id, logprob) pairs, most likely first.
+TopLogprobs = tuple[tuple[int, float], ...]
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class SamplingParams:
     top_k: int = -1
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    top_logprobs: int = 0  # alternatives returned per token (SGLang's top_logprobs_num); 0 = none
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -41,6 +44,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_logprobs < 0:
+            raise ValueError(f"top_logprobs must be >= 0, got {self.top_logprobs}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
 
@@ -58,13 +63,46 @@ class Generation:
     prompt_tokens: int
     queue_wait_s: float
     latency_s: float
+    output_top_logprobs: tuple[TopLogprobs, ...] = ()  # per token, when `SamplingParams.top_logprobs` > 0
+    cached_tokens: int = 0  # prompt tokens the engine's prefix cache served
 
     def __post_init__(self) -> None:
-        if not len(self.output_ids) == len(self.output_logprobs) == len(self.output_versions):
-            raise ValueError(
-                f"output_ids ({len(self.output_ids)}), output_logprobs ({len(self.output_logprobs)}) and "
-                f"output_versions ({len(self.output_versions)}) must have the same length"
-            )
+        _check_lengths(self.output_ids, self.output_logprobs, self.output_versions, self.output_top_logprobs)
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    """Tokens of a streaming generation as they arrive (`EngineClient.generate_stream`), in order;
+    the stream ends with the whole `Generation`."""
+
+    output_ids: tuple[int, ...]
+    output_logprobs: tuple[float, ...]
+    output_versions: tuple[int, ...]
+    output_top_logprobs: tuple[TopLogprobs, ...] = ()
+    engine_id: str = ""
+
+    def __post_init__(self) -> None:
+        _check_lengths(self.output_ids, self.output_logprobs, self.output_versions, self.output_top_logprobs)
+
+
+def _check_lengths(
+    ids: tuple[int, ...], logprobs: tuple[float, ...], versions: tuple[int, ...], top: tuple[TopLogprobs, ...]
+) -> None:
+    if not len(ids) == len(logprobs) == len(versions) or (top and len(top) != len(ids)):
+        raise ValueError(
+            f"output_ids ({len(ids)}), output_logprobs ({len(logprobs)}), output_versions "
+            f"({len(versions)}) and output_top_logprobs ({len(top)}, or none) must have the same length"
+        )
+
+
+class EncodedIds(list[int]):
+    """Token ids that carry their JSON array text, built by whoever grows them a piece at a time
+    (`agents.conversation.Conversation.encoded_ids`), so that a long context is not encoded again
+    for every request: the client splices the text into the request body as it is."""
+
+    def __init__(self, ids: list[int], json_text: str) -> None:
+        super().__init__(ids)
+        self.json_text = json_text
 
 
 class EngineError(Exception):

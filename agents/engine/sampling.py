@@ -8,7 +8,10 @@ or in a batch of 64, and the whole batch is sampled with a handful of tensor ops
 
 Logprobs are of the sampled token under the model distribution at the request's
 temperature (temperature 0 → 1), before top-k/top-p renormalisation: what the trainer
-recomputes for importance weights.
+recomputes for importance weights. A row that asks for `top_logprobs` k > 0 also gets the
+k most likely tokens of that same distribution with their logprobs (OpenAI's
+`top_logprobs`, SGLang's `top_logprobs_num`); the top-k is computed only for batches
+where some row asks.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
+
+from agents.engine.protocol import TopLogprobs
 
 MASK32 = 0xFFFFFFFF
 UNIFORM_BITS = 24  # float32 holds 24 bits of mantissa exactly
@@ -30,10 +35,17 @@ class BatchSampling:
     top_k: torch.Tensor  # int64; <= 0 = off
     seed: torch.Tensor  # int64
     step: torch.Tensor  # int64: index of the token being sampled within the request
+    top_logprobs: tuple[int, ...] = ()  # alternatives to return per row; empty = none asked
 
     @classmethod
     def build(
-        cls, temperature: list[float], top_p: list[float], top_k: list[int], seed: list[int], step: list[int]
+        cls,
+        temperature: list[float],
+        top_p: list[float],
+        top_k: list[int],
+        seed: list[int],
+        step: list[int],
+        top_logprobs: list[int] | None = None,
     ) -> BatchSampling:
         return cls(
             torch.tensor(temperature, dtype=torch.float32),
@@ -41,6 +53,7 @@ class BatchSampling:
             torch.tensor(top_k, dtype=torch.int64),
             torch.tensor(seed, dtype=torch.int64),
             torch.tensor(step, dtype=torch.int64),
+            tuple(top_logprobs) if top_logprobs and any(top_logprobs) else (),
         )
 
     def next_step(self) -> BatchSampling:
@@ -78,8 +91,29 @@ def _filter(scaled: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor) -> t
     return torch.full_like(scaled, float("-inf")).scatter(-1, order, sorted_logits)
 
 
+@dataclass(frozen=True)
+class Sampled:
+    tokens: torch.Tensor  # (B,) token ids
+    logprobs: torch.Tensor  # (B,) logprob of each sampled token
+    top: tuple[TopLogprobs, ...] = ()  # per row, when some row asked for alternatives; else empty
+
+
 def sample(logits: torch.Tensor, params: BatchSampling) -> tuple[torch.Tensor, torch.Tensor]:
     """logits (B, V) → (token ids (B,), logprobs of those tokens (B,))."""
+    drawn = sample_with_alternatives(logits, params)
+    return drawn.tokens, drawn.logprobs
+
+
+def _alternatives(logprobs: torch.Tensor, wanted: tuple[int, ...]) -> tuple[TopLogprobs, ...]:
+    """Each row's `wanted[i]` most likely tokens under `logprobs` (B, V)."""
+    k = min(max(wanted), logprobs.shape[-1])
+    values, ids = logprobs.topk(k, dim=-1)
+    rows = zip(ids.tolist(), values.tolist(), wanted, strict=True)
+    return tuple(tuple(zip(i[:n], v[:n], strict=True)) for i, v, n in rows)
+
+
+def sample_with_alternatives(logits: torch.Tensor, params: BatchSampling) -> Sampled:
+    """`sample`, plus each row's top alternatives when any row asked for them."""
     logits = logits.float()
     greedy = params.temperature < 1e-6  # as SGLang: a near-zero temperature is greedy
     temperature = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
@@ -95,4 +129,5 @@ def sample(logits: torch.Tensor, params: BatchSampling) -> tuple[torch.Tensor, t
     target = uniform(params.seed, params.step) * cdf[:, -1]
     drawn = torch.searchsorted(cdf, target[:, None], right=True).squeeze(-1).clamp(max=logits.shape[-1] - 1)
     tokens = torch.where(greedy, logits.argmax(dim=-1), drawn)
-    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+    top = _alternatives(logprobs, params.top_logprobs) if params.top_logprobs else ()
+    return Sampled(tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1), top)

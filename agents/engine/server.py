@@ -14,27 +14,31 @@ Routes: POST /generate, POST /abort_request, POST /pause_generation, POST
 
 /generate accepts one request of `input_ids` (no text, no batches), `sampling_params`
 {max_new_tokens, temperature, top_p, top_k, stop_token_ids, sampling_seed}, `rid`,
-`return_logprob`, and answers `output_ids`, `text` and `meta_info` {id, finish_reason,
-prompt_tokens, completion_tokens, cached_tokens, weight_version (a string, as SGLang),
-output_token_logprobs ([logprob, token_id, null] per token, when asked), e2e_latency}
-plus our `output_token_versions` and `queue_time`. Input at or over the context cap →
-400 {"error": {"message", "type": "context_length_exceeded"}}; a full queue → 503. A request
-the engine drops because it is stopping (SIGTERM: a restart, the end of a run) → 503
-"engine_stopping", never a finish reason "abort": only an abort a client asked for is one.
+`return_logprob`, `top_logprobs_num` and `stream`, and answers `output_ids`, `text` and
+`meta_info` {id, finish_reason, prompt_tokens, completion_tokens, cached_tokens,
+weight_version (a string, as SGLang), output_token_logprobs ([logprob, token_id, null] per
+token, when asked), output_top_logprobs (per token, a list of [logprob, token_id, null],
+when top_logprobs_num > 0), e2e_latency} plus our `output_token_versions` and `queue_time`.
+With `stream: true` the answer is server-sent events as tokens are sampled, each one such
+object for the tokens new since the previous event (SGLang with
+`--incremental-streaming-output`; `agents.engine.streaming`), then `data: [DONE]`.
+Input at or over the context cap → 400 {"error": {"message", "type":
+"context_length_exceeded"}}; a full queue → 503. A request the engine drops because it is
+stopping (SIGTERM: a restart, the end of a run) → 503 "engine_stopping", never a finish
+reason "abort": only an abort a client asked for is one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from tokenizers import Tokenizer
 
-from agents.engine.batch import EngineResult
 from agents.engine.engine import (
     ContextLengthError,
     Engine,
@@ -44,6 +48,8 @@ from agents.engine.engine import (
     QueueFullError,
 )
 from agents.engine.protocol import SamplingParams
+from agents.engine.streaming import TokenQueue, stream_result
+from agents.engine.wire import generate_response
 from agents.settings import EngineSettings
 from streams.heartbeat import start_heartbeat
 from trainer.tokenizer import load_tokenizer
@@ -115,75 +121,74 @@ def parse_sampling(raw: dict[str, Any]) -> SamplingParams:
     )
 
 
-def finish_reason_json(result: EngineResult) -> dict[str, Any]:
-    if result.finish_reason == "stop":
-        return {"type": "stop", "matched": result.matched_token}
-    if result.finish_reason == "length":
-        return {"type": "length", "length": len(result.output_ids)}
-    return {"type": "abort", "message": "Abort request"}
+@dataclass(frozen=True)
+class GenerateRequest:
+    """A /generate body, checked."""
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool
+    stream: bool
 
 
-def generate_response(result: EngineResult, return_logprob: bool, text: str) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "id": result.rid,
-        "finish_reason": finish_reason_json(result),
-        "prompt_tokens": result.prompt_tokens,
-        "completion_tokens": len(result.output_ids),
-        "cached_tokens": result.cached_tokens,
-        "weight_version": str(result.weight_version),
-        "output_token_versions": list(result.output_versions),
-        "queue_time": result.queue_wait_s,
-        "e2e_latency": result.latency_s,
-    }
-    if return_logprob:
-        meta["output_token_logprobs"] = [
-            [logprob, token, None]
-            for logprob, token in zip(result.output_logprobs, result.output_ids, strict=True)
-        ]
-    return {"output_ids": list(result.output_ids), "text": text, "meta_info": meta}
-
-
-async def generate(request: web.Request) -> web.Response:
-    engine = request.app[ENGINE_KEY]
-    body = await request.json()
+def parse_generate(body: Any) -> GenerateRequest:
+    """SGLang's GenerateReqInput (one request of input_ids) checked; ValueError says what is wrong."""
+    if not isinstance(body, dict):
+        raise ValueError("the body must be a JSON object")
     input_ids = body.get("input_ids")
-    if body.get("stream"):
-        return error_response(400, "streaming is not supported: send stream=false", "invalid_request")
     if body.get("text") is not None or not isinstance(input_ids, list) or not input_ids:
-        return error_response(
-            400,
-            "send one request as input_ids (a non-empty list of ints); text and "
-            "batched input are not supported",
-            "invalid_request",
+        raise ValueError(
+            "send one request as input_ids (a non-empty list of ints); "
+            "text and batched input are not supported"
         )
     if not all(isinstance(token, int) for token in input_ids):
-        return error_response(
-            400, "input_ids must be a list of ints (batched input is not supported)", "invalid_request"
-        )
+        raise ValueError("input_ids must be a list of ints (batched input is not supported)")
     try:
         params = parse_sampling(body.get("sampling_params") or {})
+        top = int(body.get("top_logprobs_num") or 0)
+        params = replace(params, top_logprobs=top) if top else params
     except (TypeError, ValueError) as error:
-        return error_response(400, f"bad sampling_params: {error}", "invalid_request")
+        raise ValueError(f"bad sampling_params: {error}") from None
     rid = str(body.get("rid") or uuid.uuid4().hex)
-    try:
-        future = engine.submit(rid, input_ids, params)
-    except ContextLengthError as error:
+    return GenerateRequest(rid, input_ids, params, bool(body.get("return_logprob")), bool(body.get("stream")))
+
+
+def submit_error(error: Exception) -> web.Response:
+    """The HTTP answer to a request the engine refused or could not finish."""
+    if isinstance(error, ContextLengthError):
         return error_response(400, str(error), "context_length_exceeded")
-    except QueueFullError as error:
+    if isinstance(error, QueueFullError):
         return error_response(503, str(error), "queue_full")
-    except EngineRefusal as error:
+    if isinstance(error, EngineRefusal):
         return error_response(400, str(error), "invalid_request")
-    except EngineStopping as error:
+    if isinstance(error, EngineStopping):
         return error_response(503, str(error), "engine_stopping")
+    return error_response(500, str(error), "engine_failure")
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE_KEY]
+    try:
+        asked = parse_generate(await request.json())
+    except ValueError as error:
+        return error_response(400, str(error), "invalid_request")
+    info = request.app[INFO_KEY]
+    tokens = TokenQueue() if asked.stream else None
+    try:
+        future = engine.submit(asked.rid, asked.input_ids, asked.params, tokens.listener if tokens else None)
+    except (EngineRefusal, EngineStopping) as error:
+        return submit_error(error)
+    if tokens is not None:
+        prompt, logprobs = len(asked.input_ids), asked.return_logprob
+        tokenizer = info.tokenizer
+        return await stream_result(request, engine, asked.rid, prompt, future, tokens, tokenizer, logprobs)
     try:
         result = await asyncio.wrap_future(future)
-    except EngineStopping as error:
-        return error_response(503, str(error), "engine_stopping")
-    except EngineFailure as error:
-        return error_response(500, str(error), "engine_failure")
-    tokenizer = request.app[INFO_KEY].tokenizer
-    text = tokenizer.decode(list(result.output_ids), skip_special_tokens=False) if tokenizer else ""
-    return web.json_response(generate_response(result, bool(body.get("return_logprob")), text))
+    except (EngineStopping, EngineFailure) as error:
+        return submit_error(error)
+    text = info.tokenizer.decode(list(result.output_ids), skip_special_tokens=False) if info.tokenizer else ""
+    return web.json_response(generate_response(result, asked.return_logprob, text))
 
 
 async def abort_request(request: web.Request) -> web.Response:

@@ -17,6 +17,7 @@ BENCHMARKS = (
     ("sink", "sink"),
     ("sandbox", "sandbox"),
     ("engine", "engine"),
+    ("gateway", "gateway"),
     ("rollout_sim", "rollout-sim"),
     ("streams", "streams"),
     ("tail", "tail"),

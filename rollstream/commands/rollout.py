@@ -25,9 +25,11 @@ from agents.chat import ChatFormat
 from agents.engine.faults import make_client
 from agents.episode import EpisodeServices
 from agents.expert import ExpertPolicy
+from agents.mini_swe.runtime import AgentGateway, MiniUnavailable
 from agents.policy import Policy
 from agents.rollout import RolloutWorker, TaskCatalog, WorkerSettings, worker_name
 from agents.submit import limits_of, run_requests, submit_requests, task_refs
+from rollstream.agent_gateway import worker_gateway
 from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
 from rollstream.config import Config
 from sandboxes.backends import make_factory
@@ -75,23 +77,32 @@ def rollout(
     console.print(
         f"rollout worker on {cfg.kafka.bootstrap} (prefix {cfg.topics.prefix!r}): "
         f"{'the scripted expert' if policy == 'expert' else 'engines ' + ', '.join(cfg.client.urls)}, "
-        f"{cfg.sandbox.backend} sandboxes, concurrency {cfg.rollout.concurrency}"
+        f"agent {cfg.agent.scaffold}, {cfg.sandbox.backend} sandboxes, concurrency {cfg.rollout.concurrency}"
     )
-    asyncio.run(_serve(cfg, chat, tasks_root, expert=policy == "expert"))
+    try:
+        asyncio.run(_serve(cfg, chat, tasks_root, model_dir, expert=policy == "expert"))
+    except (MiniUnavailable, ValueError) as error:
+        fail(str(error))
 
 
-async def _serve(cfg: Config, chat: ChatFormat, tasks_root: Path, *, expert: bool = False) -> None:
+async def _serve(
+    cfg: Config, chat: ChatFormat, tasks_root: Path, model_dir: Path, *, expert: bool = False
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     start_heartbeat()  # beats from the worker's loop (supervisor)
     pool = SandboxPool(cfg.sandbox, make_factory(cfg.sandbox))
-    async with make_client(cfg.client) as client, pool:
+    async with (
+        make_client(cfg.client) as client,
+        pool,
+        worker_gateway(cfg, chat, client, model_dir, expert=expert) as gateway,
+    ):
         policy: Policy = ExpertPolicy(chat, cfg.expert, cfg.agent) if expert else client
         worker = RolloutWorker(
             WorkerSettings(cfg.kafka, cfg.topics, cfg.rollout, cfg.policy),
-            episode_services(cfg, policy, pool, chat),
+            episode_services(cfg, policy, pool, chat, gateway),
             TaskCatalog(tasks_root),
         )
         task = asyncio.create_task(worker.run(stop))
@@ -103,7 +114,9 @@ async def _serve(cfg: Config, chat: ChatFormat, tasks_root: Path, *, expert: boo
         console.print(_table(worker))
 
 
-def episode_services(cfg: Config, policy: Policy, pool: SandboxPool, chat: ChatFormat) -> EpisodeServices:
+def episode_services(
+    cfg: Config, policy: Policy, pool: SandboxPool, chat: ChatFormat, gateway: AgentGateway | None = None
+) -> EpisodeServices:
     verifier_cap = cfg.tasks.verifier_timeout_s
 
     async def verify(box: Sandbox, task: Task) -> Verdict:
@@ -118,6 +131,7 @@ def episode_services(cfg: Config, policy: Policy, pool: SandboxPool, chat: ChatF
         backend=cfg.sandbox.backend,
         source=worker_name(),
         command_timeout_s=cfg.sandbox.limits.command_timeout_s,
+        gateway=gateway,
     )
 
 
