@@ -170,6 +170,36 @@ async def test_a_session_past_its_deadline_is_aborted_and_refused(served: Served
     assert served.engine.stats().running == 0, "the aborted call kept generating"
 
 
+async def test_a_call_cut_off_by_the_sessions_end_leaves_no_trace_beside_the_log(served: Served) -> None:
+    """A drifted call in flight when the session ends writes no turn, so the session keeps no drift
+    of it either: what the trajectory's finish counts (`session.drifts`) is what its turns show."""
+    assert served.engine is not None
+    session, written = served.open()
+    async with client_for(served, session.sid, session.key) as client:
+        first = await client.chat.completions.create(model=MODEL, messages=[SYSTEM, USER], max_tokens=4)
+        context = session.context_tokens
+        edited = [
+            {"role": "system", "content": "You are verbose."},
+            USER,
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": "go on"},
+        ]
+        call = asyncio.create_task(
+            client.chat.completions.create(
+                model=MODEL, messages=edited, max_tokens=1900, extra_body={"ignore_eos": True}
+            )
+        )
+        for _ in range(600):
+            if served.engine.stats().running or call.done():
+                break
+            await asyncio.sleep(0.05)
+        served.gateway.close(session.sid)
+        with pytest.raises(openai.PermissionDeniedError, match="closed"):
+            await call
+    assert len(written.turns) == 1 and session.drifts == [] and session.context_tokens == context
+    assert served.gateway.metrics.drifts == {"edited": 1}  # the re-render happened, and is counted
+
+
 async def test_limits_end_the_session_as_our_scaffold_does(served: Served) -> None:
     session, written = served.open(limits=Limits(max_turns=2))
     messages = [USER]
