@@ -1,9 +1,11 @@
 """Errors of the gateway as OpenAI writes them: a status and `{"error": {message, type, param, code}}`.
 
 The status decides what an OpenAI client does: it retries 408, 409, 429 and 5xx, and raises
-the rest at once (litellm maps 400 `context_length_exceeded` to ContextWindowExceededError,
-401 to AuthenticationError, 403 to PermissionDeniedError, 404 to NotFoundError), so a
-session that has ended answers 403 and its agent stops instead of retrying for minutes.
+the rest at once, so a session that has ended answers 403 and its agent stops instead of
+retrying for minutes. litellm (1.110) maps 400 `context_length_exceeded` to
+ContextWindowExceededError, 401 to AuthenticationError and 404 to NotFoundError, but an
+OpenAI-compatible 403 to a plain APIError, which mini-swe-agent retries
+(`agent.mini.model_retries`, 2 attempts: one more 403 after its 4 s wait) before it stops.
 """
 
 from __future__ import annotations

@@ -158,7 +158,8 @@ class Session:
         except BaseException:
             self._restore(before)
             raise
-        if self.outcome is not None:  # ended while the engine ran (abort, deadline): nothing is written
+        if self.outcome is not None:  # ended while the engine ran (abort, deadline): nothing is written,
+            self._restore(before)  # and the session holds what its log holds (no drift of an unlogged call)
             raise session_ended(self.reason)
         assert self.conversation is not None
         reply = (

@@ -7,14 +7,20 @@ the engine directly), and each call is written as a turn with exactly those ids.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import openai
 import pytest
+from aiohttp import web
 
 from agents.chat import ChatFormat
+from agents.engine.engine import Engine
 from agents.engine.protocol import SamplingParams
+from agents.engine.server import create_app
+from agents.settings import EngineSettings
+from rollstream.launcher.process import free_port
 from streams.payloads import Limits
-from tests.gateway.conftest import MODEL, Served
+from tests.gateway.conftest import MODEL, Served, gateway_over
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 USER = {"role": "user", "content": "Say hi."}
@@ -130,6 +136,38 @@ async def test_context_overflow_is_400_context_length_exceeded_and_ends_the_sess
     assert session.outcome is not None and session.outcome.value == "truncated:context"
 
 
+async def test_an_engine_failure_is_a_503_the_client_retries_and_the_session_survives(
+    model_dir: Path, chat: ChatFormat
+) -> None:
+    """The engine is down for the first attempt (nothing listens on its port): a 503, which the
+    openai client retries on its own; the engine comes up, the retry is answered, one turn is written."""
+    port = free_port()
+    engine = Engine(model_dir, EngineSettings(context_length=2048, torch_threads=1)).start()
+    runner = web.AppRunner(create_app(engine))
+    try:
+        async with gateway_over(chat, f"http://127.0.0.1:{port}") as served:
+            session, written = served.open()
+
+            async def engine_up_after_a_503() -> None:
+                while not served.gateway.metrics.calls["503"]:
+                    await asyncio.sleep(0.02)
+                await runner.setup()
+                await web.TCPSite(runner, "127.0.0.1", port).start()
+
+            starting = asyncio.create_task(engine_up_after_a_503())
+            async with client_for(served, session.sid, session.key, retries=4) as client:
+                answer = await client.chat.completions.create(model=MODEL, messages=[USER], max_tokens=3)
+            await starting
+    finally:
+        await runner.cleanup()
+        engine.stop()
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    assert served.gateway.metrics.calls["503"] >= 1 and served.gateway.metrics.calls["200"] == 1
+    assert served.gateway.metrics.engine_errors["network"] >= 1 and session.counters.engine_errors >= 1
+    [turn] = written.turns  # the failed attempts wrote nothing; the answered one is turn 1
+    assert turn.turn == 1 and len(turn.output_token_ids) == answer.usage.completion_tokens  # type: ignore[union-attr]
+
+
 async def test_keys_and_sessions_are_checked(served: Served) -> None:
     mine, _ = served.open(tid="mine")
     other, others_events = served.open(tid="other")
@@ -168,6 +206,36 @@ async def test_a_session_past_its_deadline_is_aborted_and_refused(served: Served
             break
         await asyncio.sleep(0.05)
     assert served.engine.stats().running == 0, "the aborted call kept generating"
+
+
+async def test_a_call_cut_off_by_the_sessions_end_leaves_no_trace_beside_the_log(served: Served) -> None:
+    """A drifted call in flight when the session ends writes no turn, so the session keeps no drift
+    of it either: what the trajectory's finish counts (`session.drifts`) is what its turns show."""
+    assert served.engine is not None
+    session, written = served.open()
+    async with client_for(served, session.sid, session.key) as client:
+        first = await client.chat.completions.create(model=MODEL, messages=[SYSTEM, USER], max_tokens=4)
+        context = session.context_tokens
+        edited = [
+            {"role": "system", "content": "You are verbose."},
+            USER,
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": "go on"},
+        ]
+        call = asyncio.create_task(
+            client.chat.completions.create(
+                model=MODEL, messages=edited, max_tokens=1900, extra_body={"ignore_eos": True}
+            )
+        )
+        for _ in range(600):
+            if served.engine.stats().running or call.done():
+                break
+            await asyncio.sleep(0.05)
+        served.gateway.close(session.sid)
+        with pytest.raises(openai.PermissionDeniedError, match="closed"):
+            await call
+    assert len(written.turns) == 1 and session.drifts == [] and session.context_tokens == context
+    assert served.gateway.metrics.drifts == {"edited": 1}  # the re-render happened, and is counted
 
 
 async def test_limits_end_the_session_as_our_scaffold_does(served: Served) -> None:
