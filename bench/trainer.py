@@ -34,9 +34,10 @@ import psutil
 import torch
 import typer
 
+from bench import trainer_ranks
 from bench.eventgen.groups import GroupLogSpec, synthetic_groups
 from bench.local_broker import ensure_local_broker, fresh_topics
-from rollstream.commands.common import ConfigPath, Overrides, console, read_config, resolve_model_dir
+from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config, resolve_model_dir
 from rollstream.config import Config
 from streams.bus import EventProducer, read_topic
 from streams.events import Event
@@ -170,16 +171,36 @@ def command(
     ] = None,
     dtype: Annotated[str | None, typer.Option(help="trainer.dtype: bf16 | fp32")] = None,
     lora_rank: Annotated[int | None, typer.Option(help="trainer.lora.rank (0: full fine-tuning)")] = None,
+    ranks: Annotated[
+        int, typer.Option(help="> 1: N data-parallel ranks (torchrun) against one rank (bench.trainer_ranks)")
+    ] = 1,
 ) -> None:
-    """Trainer tokens/s on Kafka vs a plain torch loop over the same batches (targets: ratio >= 0.9)."""
+    """Trainer tokens/s on Kafka vs a plain torch loop over the same batches (targets: ratio >= 0.9);
+    with --ranks N, N data-parallel ranks vs one (target: ratio >= 0.8)."""
     extra = [f'trainer.dtype="{DTYPE_ALIASES.get(dtype, dtype)}"'] if dtype else []
     extra += [f"trainer.lora.rank={lora_rank}"] if lora_rank is not None else []
     cfg = read_config(config, [*(overrides or []), *extra])
+    if ranks > 1 and steps < 3:
+        fail("--ranks needs --steps >= 3: a warm-up, the step whose rank is killed, and one after it", code=2)
     ensure_local_broker(cfg)
     per_step = cfg.trainer.groups_per_step
     with tempfile.TemporaryDirectory(prefix="bench-model-") as scratch:
         base = resolve_model_dir(cfg, model) if model else init_model_dir(cfg.model, Path(scratch) / "model")
         vocab = read_model_config(base).model.vocab_size
+        if ranks > 1:
+            spec = _spec(vocab, (steps + 2) * per_step, tokens, group_size)
+            bench = trainer_ranks.Bench(
+                cfg,
+                base,
+                ranks,
+                steps,
+                kill_step=2,
+                spec=spec,
+                settings=(*(overrides or []), *extra),
+                config=config,
+            )
+            _data_parallel(bench, rounds, model)
+            return
         records = synthetic_groups(
             _spec(vocab, (steps + 2) * per_step, tokens, group_size)
         )  # more than consumed
@@ -212,3 +233,10 @@ def command(
         **{k: round(v, 4) for k, v in figures.items() if k.endswith("_share")},
     }
     print(json.dumps(result))
+
+
+def _data_parallel(bench: trainer_ranks.Bench, rounds: int, model: str | None) -> None:
+    """`--ranks N` (bench.trainer_ranks): its figures, then the JSON line."""
+    figures = trainer_ranks.run(bench, rounds, console.print)
+    head = {"model": model or "small (model init)", "dtype": bench.cfg.trainer.dtype}
+    print(json.dumps({**head, "lora_rank": bench.cfg.trainer.lora.rank, **figures}))
