@@ -34,11 +34,11 @@ import psutil
 import torch
 import typer
 
-from bench.eventgen.groups import GroupLogSpec, synthetic_groups
 from bench.local_broker import ensure_local_broker, fresh_topics
 from rollstream.commands.common import ConfigPath, Overrides, console, read_config, resolve_model_dir
 from rollstream.config import Config
 from streams.bus import EventProducer, read_topic
+from streams.eventgen.groups import GroupLogSpec, synthetic_groups
 from streams.events import Event
 from streams.payloads import GroupFormed, TrainerStep, TrajectoryAssembled
 from streams.topics import delete_topics
