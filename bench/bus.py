@@ -27,7 +27,7 @@ from rich.progress import Progress
 
 from bench.figures import median_rates
 from bench.local_broker import ensure_local_broker, fresh_topics
-from rollstream.commands.common import ConfigPath, Overrides, console, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, read_config
 from rollstream.config import Config
 from streams.bus import EventConsumer, EventProducer
 from streams.eventgen import bench_mix

@@ -55,7 +55,7 @@ from bench.chaos_counts import (
 )
 from bench.chaos_sources import Records, read_sql, read_topics
 from bench.learning import isolated
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from rollstream.config import Config
 from rollstream.launcher import kafka as kafka_launcher
 from rollstream.launcher.process import LauncherError

@@ -38,7 +38,7 @@ from rich.progress import Progress
 from agents.engine.engine import Engine
 from agents.engine.protocol import SamplingParams
 from agents.engine.sampling import BatchSampling, sample
-from rollstream.commands.common import ConfigPath, Overrides, console, read_config, resolve_model_dir
+from rollstream.command_line import ConfigPath, Overrides, console, read_config, resolve_model_dir
 from rollstream.config import Config
 from trainer.checkpoint import TORCH_DTYPES
 from trainer.checkpoint import read_config as read_model_config

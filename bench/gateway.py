@@ -43,7 +43,7 @@ import typer
 from agents.chat import ChatFormat
 from agents.identity import sampling_seed
 from bench.local_broker import ensure_local_broker, fresh_topics
-from rollstream.commands.common import ConfigPath, Overrides, console, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, read_config
 from rollstream.config import Config
 from rollstream.evaluation import wait_for_engine
 from rollstream.launcher.process import free_port

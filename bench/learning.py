@@ -35,7 +35,7 @@ import typer
 
 from agents.evaluate import EvalResult, paired_gain
 from bench.local_broker import ensure_local_broker
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from rollstream.config import Config
 from rollstream.evaluation import evaluate_model
 from rollstream.learning import (

@@ -39,7 +39,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from rich.console import Console
 
 from bench.figures import percentile
-from rollstream.commands.common import ConfigPath, Overrides, read_config
+from rollstream.command_line import ConfigPath, Overrides, read_config
 from rollstream.config import Config
 from streams.bus import EventProducer
 from streams.eventgen import group_events, random_attempts

@@ -61,7 +61,7 @@ from bench.workload import (
     sample_verifier_s,
     scaled,
 )
-from rollstream.commands.common import ConfigPath, Overrides, console, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, read_config
 from rollstream.config import Config
 from sandboxes.base import Sandbox
 from sandboxes.pool import SandboxPool

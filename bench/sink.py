@@ -44,7 +44,7 @@ from sqlalchemy import insert, select
 
 from bench.figures import median_rates
 from bench.local_broker import ensure_local_broker, fresh_topics
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from rollstream.config import Config
 from rollstream.launcher import postgres
 from rollstream.launcher.process import LauncherError

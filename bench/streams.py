@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from bench.figures import percentile
-from rollstream.commands.common import ConfigPath, Overrides, read_config
+from rollstream.command_line import ConfigPath, Overrides, read_config
 from rollstream.config import Config
 from streams.app import StreamWorker
 from streams.bus import EventConsumer, EventProducer

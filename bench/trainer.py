@@ -35,7 +35,7 @@ import torch
 import typer
 
 from bench.local_broker import ensure_local_broker, fresh_topics
-from rollstream.commands.common import ConfigPath, Overrides, console, read_config, resolve_model_dir
+from rollstream.command_line import ConfigPath, Overrides, console, read_config, resolve_model_dir
 from rollstream.config import Config
 from streams.bus import EventProducer, read_topic
 from streams.eventgen.groups import GroupLogSpec, synthetic_groups

@@ -2,7 +2,8 @@
 
 Each area lives in `rollstream/commands/<area>.py` and exposes `app` (a typer
 sub-app) or `command` (a single command). Commands read the one config through
-`rollstream.commands.common.config_option`.
+`rollstream.command_line` (`ConfigPath`, `Overrides`, `read_config`); they import library
+modules, never each other.
 
 Sub-apps from outside the product register through the entry-point group
 `rollstream.commands` (pyproject.toml): the benchmarks' `rollstream bench` (bench/cli.py), so that

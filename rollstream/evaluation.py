@@ -22,10 +22,10 @@ from agents.evaluate import AttemptResult, EvalResult, evaluate
 from agents.event_sink import KafkaEventSink
 from agents.submit import limits_of
 from rollstream.agent_gateway import worker_gateway
-from rollstream.commands.rollout import episode_services
 from rollstream.config import Config
 from rollstream.launcher.process import free_port
 from rollstream.pipeline import Pipeline
+from rollstream.rollout_services import episode_services
 from sandboxes.backends import make_factory
 from sandboxes.pool import SandboxPool
 from sandboxes.tasks import load_tasks

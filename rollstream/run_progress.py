@@ -13,7 +13,7 @@ import time
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import Connection, TextClause, create_engine, text
 
-from rollstream.commands.common import console
+from rollstream.command_line import console
 from rollstream.config import Config
 from rollstream.pipeline import Pipeline
 from streams.bus import EventConsumer, read_topic

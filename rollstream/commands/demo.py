@@ -27,7 +27,7 @@ from pathlib import Path
 import typer
 
 from agents.evaluate import EvalResult
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from rollstream.config import Config
 from rollstream.evaluation import evaluate_model
 from rollstream.launcher.kafka import ensure_up, points_at_local_broker

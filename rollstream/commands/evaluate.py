@@ -17,7 +17,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agents.evaluate import AttemptResult, EvalInfraError
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config, resolve_model_dir
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config, resolve_model_dir
 from rollstream.evaluation import EngineStartError, evaluate_model
 from rollstream.pipeline import ProcessExitedError
 from sandboxes.tasks import TaskFormatError, load_tasks

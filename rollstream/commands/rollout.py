@@ -23,19 +23,17 @@ from rich.table import Table
 
 from agents.chat import ChatFormat
 from agents.engine.faults import make_client
-from agents.episode import EpisodeServices
 from agents.expert import ExpertPolicy
-from agents.mini_swe.runtime import AgentGateway, MiniUnavailable
+from agents.mini_swe.runtime import MiniUnavailable
 from agents.policy import Policy
-from agents.rollout import RolloutWorker, TaskCatalog, WorkerSettings, worker_name
+from agents.rollout import RolloutWorker, TaskCatalog, WorkerSettings
 from agents.submit import limits_of, run_requests, submit_requests, task_refs
 from rollstream.agent_gateway import worker_gateway
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from rollstream.config import Config
+from rollstream.rollout_services import episode_services
 from sandboxes.backends import make_factory
-from sandboxes.base import Sandbox
 from sandboxes.pool import SandboxPool
-from sandboxes.tasks import Task, Verdict, run_verifier
 from streams.heartbeat import start_heartbeat
 
 app = typer.Typer(help="Rollout workers and their requests.", invoke_without_command=True)
@@ -112,27 +110,6 @@ async def _serve(
                 live.update(_table(worker))
         await task
         console.print(_table(worker))
-
-
-def episode_services(
-    cfg: Config, policy: Policy, pool: SandboxPool, chat: ChatFormat, gateway: AgentGateway | None = None
-) -> EpisodeServices:
-    verifier_cap = cfg.tasks.verifier_timeout_s
-
-    async def verify(box: Sandbox, task: Task) -> Verdict:
-        return await run_verifier(box, task, min(task.verifier_timeout_s, verifier_cap))
-
-    return EpisodeServices(
-        policy=policy,
-        sandboxes=pool,
-        verifier=verify,
-        chat=chat,
-        agent=cfg.agent,
-        backend=cfg.sandbox.backend,
-        source=worker_name(),
-        command_timeout_s=cfg.sandbox.limits.command_timeout_s,
-        gateway=gateway,
-    )
 
 
 def _table(worker: RolloutWorker) -> Table:

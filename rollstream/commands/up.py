@@ -25,7 +25,7 @@ from pathlib import Path
 
 import typer
 
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from rollstream.config import Config
 from rollstream.launcher.process import port_in_use
 from rollstream.live_render import show_live

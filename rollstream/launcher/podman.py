@@ -21,7 +21,7 @@ from typing import TypeVar
 import httpx
 import typer
 
-from rollstream.commands.common import ConfigPath, Overrides, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, fail, read_config
 from rollstream.config import Config
 from rollstream.launcher.process import (
     LauncherError,

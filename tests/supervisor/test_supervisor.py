@@ -15,7 +15,8 @@ import psutil
 import pytest
 
 from rollstream.config import Config
-from rollstream.supervisor import ProcessExitedError, ProcessStatus, State, Supervisor, SupervisorSettings
+from rollstream.supervisor import ProcessExitedError, ProcessStatus, State, Supervisor
+from rollstream.supervisor_settings import SupervisorSettings
 from tests.process_tree import LeakWatch
 
 FAST = SupervisorSettings(

@@ -1,4 +1,9 @@
-"""What every command shares: the `--config`/`--set` options and error reporting."""
+"""What every command shares: the `--config`/`--set` options, reading the config, the model directory
+check, the console and error reporting.
+
+A library module (it was `rollstream/commands/common.py`): commands, the launchers, the run's
+progress and summary and the benchmarks import it; it imports no command.
+"""
 
 from __future__ import annotations
 
