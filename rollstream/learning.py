@@ -28,6 +28,7 @@ from typing import Any
 from agents.curriculum import TaskPicker
 from agents.identity import group_id
 from agents.submit import TaskRef, limits_of, request_event, run_requests, submit_requests, task_refs
+from rollstream.command_line import new_run_id
 from rollstream.config import Config, LearningSettings
 from rollstream.evaluation import wait_for_engine
 from rollstream.launcher.process import free_port
@@ -253,7 +254,7 @@ def ensure_sft_model(cfg: Config, paths: LearningPaths, log_dir: Path, config_ar
     the settings it was made with (`sft_recipe`) are unchanged."""
     if sft_model_is_current(cfg, paths):
         return paths.sft_model
-    expert_run = f"expert-seed{cfg.learning.seed}-{_stamp()}"
+    expert_run = new_run_id(f"expert-seed{cfg.learning.seed}")
     with Supervisor(log_dir, config_args, cfg.supervisor) as pipeline:
         collect_expert(cfg, paths, expert_run, pipeline)
     return build_sft_model(cfg, paths, expert_run, config_args)
@@ -274,13 +275,6 @@ def _run_cli(args: list[str]) -> None:
         raise LearningError(
             f"`rollstream {' '.join(args[:3])} ...` failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
         )
-
-
-def _stamp() -> str:
-    import time
-    import uuid
-
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
 
 
 @dataclass(frozen=True)

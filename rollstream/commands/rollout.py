@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
-import uuid
 from pathlib import Path
 
 import typer
@@ -29,7 +27,7 @@ from agents.policy import Policy
 from agents.rollout import RolloutWorker, TaskCatalog, WorkerSettings
 from agents.submit import limits_of, run_requests, submit_requests, task_refs
 from rollstream.agent_gateway import worker_gateway
-from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, new_run_id, read_config
 from rollstream.config import Config
 from rollstream.rollout_services import episode_services
 from sandboxes.backends import make_factory
@@ -140,7 +138,7 @@ def submit(
         refs = task_refs(tasks_root)
     except FileNotFoundError as error:
         fail(str(error))
-    run_id = run or cfg.run.name or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    run_id = run or cfg.run.name or new_run_id("run")
     size = group_size or cfg.policy.group_size
     events = run_requests(
         run_id, refs, size, limits_of(cfg.policy), groups_per_task=groups, first_group=first_group
