@@ -31,8 +31,12 @@ for it to exit, then SIGKILL to what is left of its group. What started later ma
 what started earlier (a rollout worker, the engine it calls): a worker draining while its
 engine stopped recorded the engine's abort of its request as an infrastructure error.
 Children ignore the terminal's Ctrl-C (their own group): the caller handles SIGINT/SIGTERM
-and calls `stop()`. The API matches `rollstream.pipeline.Pipeline`
-(`start`, `check_alive`, `stop`, `processes`, `log_dir`), so callers switch by constructor.
+and calls `stop()`.
+
+`Supervisor(..., restart=False)` is the same runner for processes that must not outlive a
+failure (an evaluation's engine, a benchmark's or a test's processes): nothing is restarted and
+no heartbeat is watched; a child that exits is given up at once, and `check_alive` raises with
+the tail of its log the moment it is asked. It is the one process runner of Rollstream.
 """
 
 from __future__ import annotations
@@ -146,8 +150,10 @@ class Supervisor:
         settings: SupervisorSettings | None = None,
         *,
         env: dict[str, str] | None = None,
+        restart: bool = True,
     ) -> None:
         self.log_dir = Path(log_dir)
+        self.restart = restart
         self.config_args = list(config_args or [])
         self.settings = settings or SupervisorSettings()
         self._env = dict(env if env is not None else os.environ)
@@ -156,7 +162,7 @@ class Supervisor:
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
 
-    # ---- the Pipeline API ----
+    # ---- what callers use ----
     def start(
         self, name: str, args: list[str], *, heartbeat: bool = True, completes: bool = False, ranks: int = 1
     ) -> subprocess.Popen[bytes]:
@@ -166,7 +172,7 @@ class Supervisor:
         with self._lock:
             if name in self._children:
                 raise ValueError(f"a process named {name!r} is already supervised")
-            self._children[name] = self._spawn(name, args, heartbeat)
+            self._children[name] = self._spawn(name, args, heartbeat and self.restart)
             self._children[name].completes = completes
             self._children[name].ranks = ranks
             self._note(name, f"started (pid {self._children[name].popen.pid}): rollstream {' '.join(args)}")
@@ -186,13 +192,17 @@ class Supervisor:
             return self._children[name].state is State.DONE
 
     def check_alive(self) -> None:
-        """Raise with the log tail of the first process that was given up."""
+        """Raise with the log tail of the first process that was given up (without restarts: of the
+        first that exited, seen now rather than at the watcher's next pass)."""
         with self._lock:
+            if not self.restart:
+                self.check_once()
             for child in self._children.values():
                 if child.state is State.FAILED:
                     log = self.log_dir / f"{child.name}.log"
+                    what = f"was given up after {child.restarts} restarts ({child.reason})"
                     raise ProcessExitedError(
-                        f"{child.name} was given up after {child.restarts} restarts ({child.reason}); "
+                        f"{child.name} {what if self.restart else child.reason}; "
                         f"last lines of its log ({log}):\n{log_tail(log, lines=20)}"
                     )
 
@@ -318,6 +328,10 @@ class Supervisor:
         if now - child.started_mono >= self.settings.healthy_after_s:
             child.consecutive = 0
         child.consecutive += 1
+        if not self.restart:
+            child.state = State.FAILED
+            self._note(child.name, f"{reason}; not restarted")
+            return
         limit = self.settings.max_restarts
         if limit and child.consecutive > limit:
             child.state = State.FAILED

@@ -26,7 +26,7 @@ from rollstream.command_line import (
     resolve_model_dir,
 )
 from rollstream.evaluation import EngineStartError, evaluate_model
-from rollstream.pipeline import ProcessExitedError
+from rollstream.supervisor import ProcessExitedError
 from sandboxes.tasks import TaskFormatError, load_tasks
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import inspect
 import os
 import shutil
 import signal
@@ -37,7 +36,7 @@ from agents.identity import group_id
 from agents.settings import RolloutSettings
 from agents.submit import TaskRef, request_event, submit_requests
 from rollstream.config import Config
-from rollstream.pipeline import Pipeline
+from rollstream.supervisor_settings import SupervisorSettings
 from streams.aiokafka_private import refresh_metadata
 from streams.assemble import fold_trajectory
 from streams.bus import EventProducer, raw_consumer, read_topic
@@ -374,7 +373,7 @@ def turned_ids(events: list[Event]) -> set[str]:
 
 
 def terminate(worker: Worker) -> float:
-    """SIGTERM to the worker process alone (as `Pipeline.stop` sends it); seconds until it exited."""
+    """SIGTERM to the worker process alone (as `Supervisor.stop` sends it); seconds until it exited."""
     began = time.monotonic()
     worker.proc.send_signal(signal.SIGTERM)
     code = worker.proc.wait(timeout=EXIT_WAIT_S)
@@ -384,7 +383,7 @@ def terminate(worker: Worker) -> float:
 
 
 def test_default_drain_fits_inside_the_supervisors_stop_window() -> None:
-    window = inspect.signature(Pipeline.stop).parameters["timeout_s"].default
+    window = SupervisorSettings().stop_timeout_s
     assert RolloutSettings().drain_timeout_s <= window - 3.0  # time left to commit and leave the group
 
 
