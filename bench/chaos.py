@@ -60,12 +60,11 @@ from rollstream.launcher import kafka as kafka_launcher
 from rollstream.launcher.process import LauncherError
 from rollstream.learning import (
     LEARNING_DEFAULTS,
-    GroupLedger,
     LearningPaths,
     prepare,
     start_rl_processes,
-    submit_next_group,
 )
+from rollstream.rl_feed import GroupLedger, submit_next_group
 from rollstream.supervisor import ProcessExitedError, State, Supervisor
 from streams.bus import EventConsumer, EventProducer
 from streams.payloads import TrajectoryFinished

@@ -43,13 +43,13 @@ from rollstream.learning import (
     LearningPaths,
     build_sft_model,
     collect_expert,
-    feed_until_trained,
     latest_version_dir,
     learning_overrides,
     learning_paths,
     prepare,
     start_rl_processes,
 )
+from rollstream.rl_feed import feed_until_trained
 from rollstream.run_progress import wait_for_sink
 from rollstream.run_summary import summarise_run
 from rollstream.supervisor import ProcessExitedError, Supervisor

@@ -48,9 +48,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agents.chat import ChatFormat
 from agents.episode import EpisodeServices, EpisodeSpec
-from agents.rollout import RolloutWorker, TaskCatalog, WorkerSettings
+from agents.rollout import RolloutWorker
 from agents.simulated import SimulatedPolicy, SimulatedTurn
 from agents.submit import TaskRef, run_requests, submit_requests
+from agents.worker_setup import TaskCatalog, WorkerSettings
 from bench.workload import (
     EpisodePlan,
     WorkloadProfile,

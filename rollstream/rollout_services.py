@@ -9,7 +9,7 @@ from agents.chat import ChatFormat
 from agents.episode import EpisodeServices
 from agents.mini_swe.runtime import AgentGateway
 from agents.policy import Policy
-from agents.rollout import worker_name
+from agents.worker_setup import worker_name
 from rollstream.config import Config
 from sandboxes.base import Sandbox
 from sandboxes.pool import SandboxPool

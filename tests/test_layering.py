@@ -73,3 +73,9 @@ def test_the_scan_sees_each_kind_of_wrong_arrow(tmp_path: Path) -> None:
         ("library imports a command", "rollstream.runner", "rollstream.commands.up"),
     ]
     assert next(a for _, a in scan.back_arrows if a.source == "rollstream.runner").lazy
+
+
+def test_no_file_is_over_400_lines() -> None:
+    """The house rule on file size (product, benchmarks, scripts and tests): split by what a part is."""
+    found = layering.scan(ROOT).big_files
+    assert not found, "\n".join(f"{path}: {lines} lines" for path, lines in found)

@@ -38,7 +38,7 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,18 +47,18 @@ from aiokafka import TopicPartition
 
 from streams.bus import EventConsumer, EventProducer
 from streams.events import Event
-from streams.payloads import GroupFormed, StepTimes, TrainerStep, TrajectoryAssembled
+from streams.payloads import GroupFormed, StepTimes, TrajectoryAssembled
 from streams.settings import KafkaSettings, TopicSettings
 from streams.topics import partitions, topic_name
 from trainer.backends import TrainBackend
 from trainer.batch import GroupMismatchError, KeptGroup, StepBatch, samples_of
-from trainer.intake import STALE, TRAIN, ZERO_VARIANCE, TrajectoryBuffer, batch_staleness, judge_group
+from trainer.intake import TRAIN, TrajectoryBuffer, batch_staleness, judge_group
 from trainer.model import ModelConfig
 from trainer.ordering import PartitionMerger
 from trainer.publish import announce, prune_versions, step_event, write_version
 from trainer.resume import Checkpoint, fresh_state_dir, save_checkpoint
 from trainer.settings import TrainerSettings
-from trainer.step import StepMetrics
+from trainer.step_payload import step_payload
 from trainer.waits import WaitClock, WaitSplit
 
 log = logging.getLogger(__name__)
@@ -364,41 +364,3 @@ def _paused(*consumers: EventConsumer) -> Iterator[None]:
     finally:
         for consumer in consumers:
             consumer.consumer.resume(*consumer.consumer.assignment())
-
-
-def step_payload(
-    metrics: StepMetrics,
-    *,
-    step: int,
-    version: int,
-    group_ids: Sequence[str],
-    seen: Counter[str],
-    staleness_mean: float,
-    staleness_max: int,
-    times: StepTimes,
-    mode: str = "rl",
-) -> TrainerStep:
-    """The `trainer.steps` payload of one step (schema v2)."""
-    return TrainerStep(
-        step=step,
-        version=version,
-        mode=mode,
-        groups=len(group_ids),
-        trajectories=metrics.trajectories,
-        group_ids=list(group_ids),
-        loss=metrics.loss,
-        grad_norm=metrics.grad_norm,
-        clip_frac_low=metrics.clip_frac_low,
-        clip_frac_high=metrics.clip_frac_high,
-        entropy=metrics.entropy,
-        mean_logprob_diff=metrics.mean_logprob_diff,
-        ess=metrics.ess,
-        ess_seq=metrics.ess_seq,
-        reward_mean=metrics.reward_mean,
-        zero_variance_groups=seen[ZERO_VARIANCE],
-        stale_groups=seen[STALE],
-        staleness_mean=staleness_mean,
-        staleness_max=staleness_max,
-        tokens=metrics.tokens,
-        times=times,
-    )

@@ -34,7 +34,6 @@ from rollstream.learning import (
     LearningError,
     LearningPaths,
     ensure_sft_model,
-    feed_until_trained,
     latest_version_dir,
     learning_overrides,
     prepare,
@@ -42,6 +41,7 @@ from rollstream.learning import (
 )
 from rollstream.live_render import show_live
 from rollstream.live_view import RunFollower, RunView
+from rollstream.rl_feed import feed_until_trained
 from rollstream.run_progress import wait_for_sink
 from rollstream.run_summary import summarise_run
 from rollstream.supervisor import ProcessExitedError, Supervisor

@@ -24,8 +24,9 @@ from agents.engine.faults import make_client
 from agents.expert import ExpertPolicy
 from agents.mini_swe.runtime import MiniUnavailable
 from agents.policy import Policy
-from agents.rollout import RolloutWorker, TaskCatalog, WorkerSettings
+from agents.rollout import RolloutWorker
 from agents.submit import limits_of, run_requests, submit_requests, task_refs
+from agents.worker_setup import TaskCatalog, WorkerSettings
 from rollstream.agent_gateway import worker_gateway
 from rollstream.command_line import ConfigPath, Overrides, console, fail, new_run_id, read_config
 from rollstream.config import Config
