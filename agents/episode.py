@@ -12,20 +12,8 @@ loss mask 0; empty on turn 1) and the engine's output ids, logprobs and versions
 exactly as returned. The context sent to the engine is always prompt + the
 concatenation of those arrays.
 
-How it ends (`trajectory.finished.outcome`; each step returns an `Ending` value rather
-than raising, so `run` reads top-down: start, sandbox, turns, verifier, finish):
-- the agent submits, or makes `max_format_errors` format errors in a row: the
-  verifier decides `resolved` (reward >= 1) or `unresolved`;
-- a length control (`agents.limits`) stops it: `truncated:turns|tokens|context`,
-  the verifier still runs and its reward is kept;
-- the task's agent time budget (`Task.agent_timeout_s`, counted from sandbox
-  ready) runs out: `truncated:time`, checked before each model call, with each
-  command's timeout clipped to the time left; the verifier still runs;
-- `Episode.abort()` (group deadline): the in-flight engine request is aborted,
-  no verifier, `truncated:deadline` with reward 0;
-- an infrastructure failure (sandbox, engine, network, verifier): `infra_error:*`
-  with reward None, never a score; one injected by `sandbox.faults` / `client.faults`
-  is marked `injected` on `sandbox.failed` and `trajectory.finished`.
+How it ends: `agents.episode_spec.Ending` (each step returns one rather than raising, so `run`
+reads top-down: start, sandbox, turns, verifier, finish).
 
 A task cancelled without `abort()` (worker shutdown) writes nothing more: its
 request is re-run elsewhere and the re-run writes the same ids.
@@ -37,18 +25,22 @@ import asyncio
 import contextlib
 import shlex
 import time
-from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from agents.chat import ChatFormat
 from agents.conversation import Conversation
 from agents.engine.protocol import EngineError, Generation, SamplingParams
+from agents.episode_spec import (
+    ENGINE_ERROR_OUTCOMES,
+    MIN_COMMAND_TIMEOUT_S,
+    Counters,
+    Ending,
+    EpisodeServices,
+    EpisodeSpec,
+    EventSink,
+)
 from agents.identity import request_id, sampling_seed
 from agents.limits import CallBudget, next_call_budget, stop_after_call
-from agents.policy import Policy
 from agents.scaffold import (
     Action,
     FormatError,
@@ -57,19 +49,16 @@ from agents.scaffold import (
     render_observation,
     system_prompt,
 )
-from agents.settings import AgentSettings
 from sandboxes.base import Sandbox, SandboxError, VerifierError
-from streams.events import Event, make_event
+from streams.events import make_event
 from streams.outcomes import Outcome, infra_outcome
 from streams.payloads import (
-    Limits,
     Payload,
     SandboxFailed,
     SandboxReady,
     SandboxReleased,
     SandboxRequested,
     TestsRan,
-    TimeBreakdown,
     ToolExecuted,
     TrajectoryFinished,
     TrajectoryStarted,
@@ -77,94 +66,7 @@ from streams.payloads import (
 )
 
 if TYPE_CHECKING:
-    from agents.mini_swe.runtime import AgentGateway
-    from sandboxes.tasks import Task, Verdict
-
-ENGINE_ERROR_OUTCOMES = {
-    "network": Outcome.INFRA_NETWORK,
-    "engine": Outcome.INFRA_ENGINE,
-    "request": Outcome.INFRA_ENGINE,
-    "context": Outcome.TRUNCATED_CONTEXT,
-}
-# A command's timeout is clipped to the agent's time left, but never below this: a command
-# that starts with a few milliseconds left would otherwise time out before it could run.
-MIN_COMMAND_TIMEOUT_S = 1.0
-
-
-class EventSink(Protocol):
-    async def emit(self, event: Event) -> None: ...
-
-
-class SandboxSource(Protocol):
-    """`sandboxes.pool.SandboxPool` (or anything with its `sandbox()`); `image` is asked for only
-    by tasks that name one (`[environment] docker_image`)."""
-
-    def sandbox(
-        self, workspace: Path | None, image: str | None = None
-    ) -> AbstractAsyncContextManager[Sandbox]: ...
-
-
-Verifier = Callable[["Sandbox", "Task"], Awaitable["Verdict"]]
-
-
-@dataclass(frozen=True)
-class EpisodeSpec:
-    run_id: str
-    group_id: str
-    trajectory_id: str
-    task: Task
-    attempt: int
-    retry: int
-    group_size: int
-    limits: Limits
-
-
-@dataclass(frozen=True)
-class EpisodeServices:
-    """What every episode of a worker shares."""
-
-    policy: Policy
-    sandboxes: SandboxSource
-    verifier: Verifier
-    chat: ChatFormat
-    agent: AgentSettings
-    backend: str
-    source: str
-    command_timeout_s: float
-    gateway: AgentGateway | None = None  # an OpenAI-speaking scaffold's gateway (`agent.scaffold`)
-
-
-@dataclass
-class _Counters:
-    turns: int = 0
-    generated: int = 0
-    llm_s: float = 0.0
-    tool_s: float = 0.0
-    tests_s: float = 0.0
-    sandbox_start_s: float = 0.0
-    queue_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class Ending:
-    """How an episode ended: `trajectory.finished`'s outcome, reward and error.
-
-    Every step returns one instead of raising: an infrastructure failure (reward None, no
-    verifier), a length control or the agent time budget (the verifier still runs and gives
-    the reward), the deadline abort (reward 0, no verifier)."""
-
-    outcome: Outcome
-    reward: float | None = None
-    error: str | None = None
-    injected: bool = False  # an infrastructure error injected by sandbox.faults / client.faults
-
-    @classmethod
-    def judged(cls, stopped: Ending | None, verdict: Verdict) -> Ending:
-        """The verifier's ending: a length control or the time budget that stopped the turns keeps
-        its outcome; when the agent submitted (`stopped` None) the reward decides resolved (>= 1)."""
-        if stopped is not None:
-            return cls(stopped.outcome, verdict.reward, stopped.error)
-        return cls(Outcome.RESOLVED if verdict.reward >= 1.0 else Outcome.UNRESOLVED, verdict.reward)
+    from sandboxes.tasks import Verdict
 
 
 class Episode:
@@ -181,7 +83,7 @@ class Episode:
         self.seq = 0
         self.version: int | None = None  # the engine's, once a generation reported it (events carry it)
         self.aborted: str | None = None
-        self.counters = _Counters()
+        self.counters = Counters()
         self._task: asyncio.Task[TrajectoryFinished] | None = None
         self._cancellable = False
         self._rid: str | None = None
@@ -474,14 +376,6 @@ class Episode:
 
     async def _finish(self, ending: Ending, total_s: float) -> TrajectoryFinished:
         c = self.counters
-        times = TimeBreakdown(
-            llm_s=c.llm_s,
-            tool_s=c.tool_s,
-            sandbox_start_s=c.sandbox_start_s,
-            tests_s=c.tests_s,
-            queue_s=c.queue_s,
-            total_s=total_s,
-        )
         finished = TrajectoryFinished(
             outcome=ending.outcome,
             reward=None if ending.outcome.is_infra_error else ending.reward,
@@ -490,7 +384,7 @@ class Episode:
             context_tokens=len(self.conversation),
             last_seq=self.seq,
             error=ending.error,
-            times=times,
+            times=c.times(total_s),
             injected=ending.injected and ending.outcome.is_infra_error,
             render_drift=self.conversation.drift(),
             history_drifts=len(self.conversation.drifts),

@@ -45,12 +45,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
@@ -60,14 +56,13 @@ from agents.event_sink import KafkaEventSink
 from agents.finished_log import finished_since
 from agents.offsets import OffsetTracker, Partition
 from agents.scaffolds import new_episode
-from agents.settings import RolloutSettings
 from agents.submit import TaskRef, request_event
-from sandboxes.tasks import Task, TaskFormatError, load_task
+from agents.worker_setup import TaskCatalog, WorkerSettings
+from sandboxes.tasks import TaskFormatError
 from streams.bus import Consumed, EventConsumer, EventProducer, dead_letter
 from streams.events import Event, encode_event
 from streams.outcomes import Outcome
 from streams.payloads import RolloutRequested, TrajectoryFinished
-from streams.settings import KafkaSettings, PolicySettings, TopicSettings
 from streams.topics import short_name, topic_name
 
 log = logging.getLogger(__name__)
@@ -78,35 +73,6 @@ FinishedHook = Callable[[EpisodeSpec, TrajectoryFinished], None]
 class RolloutWorkerError(RuntimeError):
     """An episode failed outside its own error handling (e.g. Kafka refused its events):
     the worker stops without committing it, so the request is re-run."""
-
-
-def worker_name() -> str:
-    return f"rollout-{socket.gethostname()}-{os.getpid()}"
-
-
-class TaskCatalog:
-    """Tasks by directory name under one root, each loaded once."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root).resolve()
-        self._tasks: dict[str, Task] = {}
-
-    def get(self, task_dir: str) -> Task:
-        task = self._tasks.get(task_dir)
-        if task is None:
-            path = (self.root / task_dir).resolve()
-            if path.parent != self.root:
-                raise TaskFormatError(f"task_dir {task_dir!r} is not a directory directly under {self.root}")
-            task = self._tasks[task_dir] = load_task(path)
-        return task
-
-
-@dataclass(frozen=True)
-class WorkerSettings:
-    kafka: KafkaSettings
-    topics: TopicSettings
-    rollout: RolloutSettings
-    policy: PolicySettings
 
 
 class RolloutWorker:

@@ -1,7 +1,7 @@
 """`rollstream bench bus`: events/s through `streams.bus` vs raw aiokafka, same broker, same run.
 
 Our path: `EventProducer.send` (encode + batch) and `EventConsumer.batch` (decode,
-dead-letter check) of a realistic mix of events (`bench.eventgen.BENCH_MIX`:
+dead-letter check) of a realistic mix of events (`streams.eventgen.BENCH_MIX`:
 turn.generated events with a few hundred tokens and logprobs, tool output, ...).
 Raw path: one `AIOKafkaProducer` with the same settings sending the same
 pre-encoded bytes and keys with `send` (futures not awaited one by one), and an
@@ -25,12 +25,12 @@ import typer
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from rich.progress import Progress
 
-from bench.eventgen import bench_mix
 from bench.figures import median_rates
 from bench.local_broker import ensure_local_broker, fresh_topics
-from rollstream.commands.common import ConfigPath, Overrides, console, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, read_config
 from rollstream.config import Config
 from streams.bus import EventConsumer, EventProducer
+from streams.eventgen import bench_mix
 from streams.events import Event, encode_event
 from streams.settings import TopicSettings
 from streams.topics import delete_topics, topic_name

@@ -35,7 +35,6 @@ import os
 import random
 import signal
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -55,18 +54,17 @@ from bench.chaos_counts import (
 )
 from bench.chaos_sources import Records, read_sql, read_topics
 from bench.learning import isolated
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, config_args, console, fail, new_run_id, read_config
 from rollstream.config import Config
 from rollstream.launcher import kafka as kafka_launcher
 from rollstream.launcher.process import LauncherError
 from rollstream.learning import (
     LEARNING_DEFAULTS,
-    GroupLedger,
     LearningPaths,
     prepare,
     start_rl_processes,
-    submit_next_group,
 )
+from rollstream.rl_feed import GroupLedger, submit_next_group
 from rollstream.supervisor import ProcessExitedError, State, Supervisor
 from streams.bus import EventConsumer, EventProducer
 from streams.payloads import TrajectoryFinished
@@ -124,18 +122,18 @@ def command(
         *([f"chaos.rl_steps={steps}"] if steps else []),
     ]
     first = read_config(config, [*CHAOS_DEFAULTS, *user])
-    name = f"chaos-s{first.chaos.seed}-{uuid.uuid4().hex[:6]}"
+    name = new_run_id(f"chaos-s{first.chaos.seed}")
     extra = [*CHAOS_DEFAULTS, *chaos_overrides(first, name), *user]
     cfg = read_config(config, extra)
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # a killed broker's retried errors
-    config_args = [*(["--config", str(config)] if config else []), *[a for o in extra for a in ("--set", o)]]
+    child_args = config_args(config, extra)
     began = time.monotonic()
     try:
         console.print(
             f"the {BROKERS}-broker cluster on {cfg.kafka.bootstrap} (stopped at the end if started here)"
         )
         with kafka_launcher.running(cfg, BROKERS):  # a benchmark stops what it started
-            figures = _run(cfg, prepare(cfg), config_args, name)
+            figures = _run(cfg, prepare(cfg), child_args, name)
     except (LauncherError, ProcessExitedError, TimeoutError) as error:
         fail(str(error))
     figures["wall_s"] = round(time.monotonic() - began, 1)

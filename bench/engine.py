@@ -38,7 +38,7 @@ from rich.progress import Progress
 from agents.engine.engine import Engine
 from agents.engine.protocol import SamplingParams
 from agents.engine.sampling import BatchSampling, sample
-from rollstream.commands.common import ConfigPath, Overrides, console, read_config, resolve_model_dir
+from rollstream.command_line import ConfigPath, Overrides, console, read_config, resolve_model_dir
 from rollstream.config import Config
 from trainer.checkpoint import TORCH_DTYPES
 from trainer.checkpoint import read_config as read_model_config
@@ -208,18 +208,8 @@ def command(
         f"prompt {prompt_tokens}, {new_tokens} new tokens, {repeats} alternating runs"
     )
     engine = Engine(Path(tempfile.gettempdir()), engine_settings, model=model).start()
-    results: dict[int, dict[str, list[float]]] = {b: {"engine": [], "plain": []} for b in BATCH_SIZES}
     try:
-        with Progress(console=console, transient=True) as progress:
-            task = progress.add_task("benchmarking", total=len(BATCH_SIZES) * repeats)
-            for batch in BATCH_SIZES:
-                batch_prompts = prompts(batch, prompt_tokens, model.config.vocab_size)
-                engine_run(engine, batch_prompts, 4)  # warm-up: allocations, first-call overheads
-                plain_loop(model, batch_prompts, 4)
-                for _ in range(repeats):
-                    results[batch]["plain"].append(plain_loop(model, batch_prompts, new_tokens))
-                    results[batch]["engine"].append(engine_run(engine, batch_prompts, new_tokens))
-                    progress.advance(task)
+        results = _alternate(engine, model, repeats, new_tokens, prompt_tokens)
     finally:
         engine.stop()
     medians = {b: {side: statistics.median(v) for side, v in sides.items()} for b, sides in results.items()}
@@ -232,3 +222,21 @@ def command(
     figures |= {f"plain_tokens_per_s_b{b}": round(medians[b]["plain"], 1) for b in BATCH_SIZES}
     figures["ratio"] = round(medians[64]["engine"] / medians[64]["plain"], 3)
     print(json.dumps(figures))
+
+
+def _alternate(
+    engine: Engine, model: PolicyModel, repeats: int, new_tokens: int, prompt_tokens: int
+) -> dict[int, dict[str, list[float]]]:
+    """Tokens/s of each side per batch size, the sides taking turns `repeats` times after a warm-up."""
+    results: dict[int, dict[str, list[float]]] = {b: {"engine": [], "plain": []} for b in BATCH_SIZES}
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("benchmarking", total=len(BATCH_SIZES) * repeats)
+        for batch in BATCH_SIZES:
+            batch_prompts = prompts(batch, prompt_tokens, model.config.vocab_size)
+            engine_run(engine, batch_prompts, 4)  # warm-up: allocations, first-call overheads
+            plain_loop(model, batch_prompts, 4)
+            for _ in range(repeats):
+                results[batch]["plain"].append(plain_loop(model, batch_prompts, new_tokens))
+                results[batch]["engine"].append(engine_run(engine, batch_prompts, new_tokens))
+                progress.advance(task)
+    return results

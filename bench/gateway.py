@@ -43,11 +43,11 @@ import typer
 from agents.chat import ChatFormat
 from agents.identity import sampling_seed
 from bench.local_broker import ensure_local_broker, fresh_topics
-from rollstream.commands.common import ConfigPath, Overrides, console, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, read_config
 from rollstream.config import Config
 from rollstream.evaluation import wait_for_engine
 from rollstream.launcher.process import free_port
-from rollstream.pipeline import Pipeline
+from rollstream.supervisor import Supervisor
 from streams.topics import delete_topics
 from trainer.checkpoint import init_model_dir
 
@@ -215,7 +215,7 @@ async def run(cfg: Config, args: BenchArgs, work: Path) -> dict[str, Any]:
     ]
     os.environ[cfg.gateway.admin_token_env] = TOKEN
     try:
-        with Pipeline(work / "logs", [a for s in sets for a in ("--set", s)]) as pipeline:
+        with Supervisor(work / "logs", [a for s in sets for a in ("--set", s)], restart=False) as pipeline:
             pipeline.start(
                 "engine", ["engine", "serve", "--model", str(model_dir), "--port", str(engine_port)]
             )

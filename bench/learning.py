@@ -35,7 +35,7 @@ import typer
 
 from agents.evaluate import EvalResult, paired_gain
 from bench.local_broker import ensure_local_broker
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, config_args, console, fail, new_run_id, read_config
 from rollstream.config import Config
 from rollstream.evaluation import evaluate_model
 from rollstream.learning import (
@@ -43,13 +43,13 @@ from rollstream.learning import (
     LearningPaths,
     build_sft_model,
     collect_expert,
-    feed_until_trained,
     latest_version_dir,
     learning_overrides,
     learning_paths,
     prepare,
     start_rl_processes,
 )
+from rollstream.rl_feed import feed_until_trained
 from rollstream.run_progress import wait_for_sink
 from rollstream.run_summary import summarise_run
 from rollstream.supervisor import ProcessExitedError, Supervisor
@@ -74,11 +74,11 @@ def command(
     ]
     cfg = read_config(config, extra)
     ensure_local_broker(cfg)
-    config_args = [*(["--config", str(config)] if config else []), *[a for o in extra for a in ("--set", o)]]
+    child_args = config_args(config, extra)
     began = time.monotonic()
     shutil.rmtree(learning_paths(cfg).root, ignore_errors=True)  # from scratch
     try:
-        figures = _run(cfg, prepare(cfg), config_args, f"bench-learning-s{seed}-{int(time.time())}")
+        figures = _run(cfg, prepare(cfg), child_args, new_run_id(f"bench-learning-s{seed}"))
     except (LearningError, ProcessExitedError, TimeoutError) as error:
         fail(str(error))
     figures["model"] = model or "small (model init)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 
-from rollstream.commands.common import fail
+from rollstream.command_line import fail
 from rollstream.config import Config
 from rollstream.launcher import kafka as kafka_launcher
 from rollstream.launcher.process import LauncherError

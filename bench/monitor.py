@@ -3,7 +3,7 @@
 One run, fresh topics under a unique prefix (all deleted afterwards, faust's
 changelogs included). The records are what a run writes to the derived topics:
 the real `StreamProcessor` and `LifecycleBuffer` fold generated episodes
-(`bench.eventgen`) into `trajectories`, `groups` and `sandbox.lifecycle` records,
+(`streams.eventgen`) into `trajectories`, `groups` and `sandbox.lifecycle` records,
 with a `trainer.step` and a `weights.published` every `--groups-per-step` groups.
 
 1. Throughput. Every record is produced first. raw: a plain `AIOKafkaConsumer`
@@ -38,11 +38,11 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from rich.console import Console
 
-from bench.eventgen import group_events, random_attempts
 from bench.figures import percentile
-from rollstream.commands.common import ConfigPath, Overrides, read_config
+from rollstream.command_line import ConfigPath, Overrides, read_config
 from rollstream.config import Config
 from streams.bus import EventProducer
+from streams.eventgen import group_events, random_attempts
 from streams.events import make_event
 from streams.lifecycle import LifecycleBuffer
 from streams.monitor.app import SOURCES

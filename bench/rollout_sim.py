@@ -48,9 +48,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agents.chat import ChatFormat
 from agents.episode import EpisodeServices, EpisodeSpec
-from agents.rollout import RolloutWorker, TaskCatalog, WorkerSettings
+from agents.rollout import RolloutWorker
 from agents.simulated import SimulatedPolicy, SimulatedTurn
 from agents.submit import TaskRef, run_requests, submit_requests
+from agents.worker_setup import TaskCatalog, WorkerSettings
 from bench.workload import (
     EpisodePlan,
     WorkloadProfile,
@@ -61,7 +62,7 @@ from bench.workload import (
     sample_verifier_s,
     scaled,
 )
-from rollstream.commands.common import ConfigPath, Overrides, console, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, read_config
 from rollstream.config import Config
 from sandboxes.base import Sandbox
 from sandboxes.pool import SandboxPool

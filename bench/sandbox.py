@@ -60,7 +60,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from bench.figures import percentile
 from bench.sandbox_engine import EngineRuns, engine_run_argv, engine_runs
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from sandboxes.backends import BACKENDS, make_factory
 from sandboxes.base import Sandbox, SandboxError, SandboxFactory, Timings
 from sandboxes.pool import SandboxPool

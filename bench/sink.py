@@ -1,6 +1,6 @@
 """`rollstream bench sink`: events/s into the event store through the sink vs a plain batched insert.
 
-Our path: `--events` unique realistic events (the `bench.eventgen` sample mix,
+Our path: `--events` unique realistic events (the `streams.eventgen` sample mix,
 turn.generated with `--tokens` tokens and logprobs) are produced to fresh topics
 first; then `streams.sink.Sink` reads them from Kafka into a fresh store
 (decode, events + projections + offsets per transaction), timed from start until
@@ -42,14 +42,14 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import insert, select
 
-from bench.eventgen import bench_mix
 from bench.figures import median_rates
 from bench.local_broker import ensure_local_broker, fresh_topics
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from rollstream.config import Config
 from rollstream.launcher import postgres
 from rollstream.launcher.process import LauncherError
 from streams.bus import EventProducer
+from streams.eventgen import bench_mix
 from streams.events import Event, event_id
 from streams.settings import TopicSettings
 from streams.sink import Sink, SinkProgress

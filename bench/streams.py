@@ -3,7 +3,7 @@
 One run, fresh topics under a unique prefix (deleted afterwards):
 
 1. writes `--trajectories` synthetic episodes (groups of `--group-size`, rollout
-   events shaped as the rollout worker writes them: `bench.eventgen`) to
+   events shaped as the rollout worker writes them: `streams.eventgen`) to
    `rollout.events`;
 2. baseline: a plain `EventConsumer` reads and decodes every record of the topic
    (`raw_events_per_s`: run before and again after ours, the faster of the two,
@@ -33,12 +33,12 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
-from bench.eventgen import group_events, random_attempts
 from bench.figures import percentile
-from rollstream.commands.common import ConfigPath, Overrides, read_config
+from rollstream.command_line import ConfigPath, Overrides, read_config
 from rollstream.config import Config
 from streams.app import StreamWorker
 from streams.bus import EventConsumer, EventProducer
+from streams.eventgen import group_events, random_attempts
 from streams.events import Event, encode_event
 from streams.settings import PolicySettings
 from streams.topics import create_topics, delete_topics

@@ -42,7 +42,7 @@ from rich.progress import Progress
 
 from bench.figures import percentile
 from bench.workload import EpisodePlan, WorkloadProfile, plan_episode
-from rollstream.commands.common import ConfigPath, Overrides, read_config
+from rollstream.command_line import ConfigPath, Overrides, read_config
 from streams.events import Event, make_event
 from streams.outcomes import Outcome
 from streams.payloads import (

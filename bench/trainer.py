@@ -35,11 +35,11 @@ import torch
 import typer
 
 from bench import trainer_ranks
-from bench.eventgen.groups import GroupLogSpec, synthetic_groups
 from bench.local_broker import ensure_local_broker, fresh_topics
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config, resolve_model_dir
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config, resolve_model_dir
 from rollstream.config import Config
 from streams.bus import EventProducer, read_topic
+from streams.eventgen.groups import GroupLogSpec, synthetic_groups
 from streams.events import Event
 from streams.payloads import GroupFormed, TrainerStep, TrajectoryAssembled
 from streams.topics import delete_topics

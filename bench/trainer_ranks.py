@@ -41,10 +41,10 @@ from typing import Any
 import psutil
 from safetensors.torch import load_file
 
-from bench.eventgen.groups import GroupLogSpec, synthetic_groups
 from bench.local_broker import fresh_topics
 from rollstream.config import Config
 from streams.bus import EventProducer, read_topic
+from streams.eventgen.groups import GroupLogSpec, synthetic_groups
 from streams.payloads import TrainerStep
 from streams.settings import TopicSettings
 from streams.topics import delete_topics

@@ -2,13 +2,19 @@
 
 Each area lives in `rollstream/commands/<area>.py` and exposes `app` (a typer
 sub-app) or `command` (a single command). Commands read the one config through
-`rollstream.commands.common.config_option`.
+`rollstream.command_line` (`ConfigPath`, `Overrides`, `read_config`); they import library
+modules, never each other.
+
+Sub-apps from outside the product register through the entry-point group
+`rollstream.commands` (pyproject.toml): the benchmarks' `rollstream bench` (bench/cli.py), so that
+nothing here imports `bench/`.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from importlib.metadata import entry_points
 
 import typer
 
@@ -40,8 +46,9 @@ SUB_APPS = (
     ("gateway", "gateway"),
     ("weights", "weights"),
     ("rollout", "rollout"),
-    ("bench", "bench"),
 )
+# Sub-apps found through entry points, registered after ours (`bench`: bench/cli.py).
+PLUGIN_GROUP = "rollstream.commands"
 SINGLE_COMMANDS = (
     ("sink", "sink"),
     ("sql", "sql"),
@@ -57,16 +64,22 @@ SINGLE_COMMANDS = (
     ("evaluate", "eval"),
 )
 
+OWN_NAMES = frozenset(name for _, name in (*SUB_APPS, *SINGLE_COMMANDS))
+
 
 def _requested(argv: list[str]) -> set[str] | None:
     """The command named on the command line, when it is one of ours; None = all of them.
 
     Registering only that command keeps `rollstream sql ...` from importing torch and the
     rest (seconds per process on a small machine); help and unknown names see everything.
+    The entry points are read only for a name that is not ours (reading them costs ~50 ms).
     """
-    names = {name for _, name in (*SUB_APPS, *SINGLE_COMMANDS)}
     words = [a for a in argv[1:] if not a.startswith("-")]
-    return {words[0]} if words and words[0] in names else None
+    if not words:
+        return None
+    if words[0] in OWN_NAMES or words[0] in {point.name for point in entry_points(group=PLUGIN_GROUP)}:
+        return {words[0]}
+    return None
 
 
 def _register(only: set[str] | None) -> None:
@@ -74,6 +87,10 @@ def _register(only: set[str] | None) -> None:
         if only is None or cli_name in only:
             module = importlib.import_module(f"rollstream.commands.{module_name}")
             app.add_typer(module.app, name=cli_name)
+    if only is None or not only <= OWN_NAMES:
+        for point in sorted(entry_points(group=PLUGIN_GROUP), key=lambda p: p.name):
+            if only is None or point.name in only:
+                app.add_typer(point.load(), name=point.name)
     for module_name, cli_name in SINGLE_COMMANDS:
         if only is None or cli_name in only:
             module = importlib.import_module(f"rollstream.commands.{module_name}")

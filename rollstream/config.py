@@ -27,7 +27,7 @@ from agents.settings import (
 from rollstream.chaos_settings import ChaosSettings
 from rollstream.live_settings import LiveViewSettings
 from rollstream.report.settings import ReportSettings
-from rollstream.supervisor import SupervisorSettings
+from rollstream.supervisor_settings import SupervisorSettings
 from sandboxes.settings import SandboxSettings, TaskSettings
 from streams.monitor.settings import MonitorSettings
 from streams.settings import (

@@ -22,10 +22,10 @@ from agents.evaluate import AttemptResult, EvalResult, evaluate
 from agents.event_sink import KafkaEventSink
 from agents.submit import limits_of
 from rollstream.agent_gateway import worker_gateway
-from rollstream.commands.rollout import episode_services
 from rollstream.config import Config
 from rollstream.launcher.process import free_port
-from rollstream.pipeline import Pipeline
+from rollstream.rollout_services import episode_services
+from rollstream.supervisor import Supervisor
 from sandboxes.backends import make_factory
 from sandboxes.pool import SandboxPool
 from sandboxes.tasks import load_tasks
@@ -69,7 +69,7 @@ def evaluate_model(
     if engine_url:
         return asyncio.run(_evaluate(cfg, model_dir, tasks_dir, run_id, engine_url, on_result, lambda: None))
     port = free_port()
-    with Pipeline(log_dir, config_args) as pipeline:
+    with Supervisor(log_dir, config_args, cfg.supervisor, restart=False) as pipeline:
         pipeline.start(
             f"engine-{run_id}", ["engine", "serve", "--model", str(model_dir), "--port", str(port)]
         )

@@ -4,8 +4,8 @@
     expert rollouts: `rollstream rollout --policy expert` + a stream worker   collect_expert
     `rollstream replay --dataset sft` (the dataset's provenance is the log)   build_sft_model
     `rollstream train --sft` -> the SFT model                          build_sft_model
-    RL: engine following `weights`, stream worker, rollout worker, trainer;   run_rl
-        groups submitted `learning.rl_groups_ahead` ahead of those formed
+    RL: engine following `weights`, stream worker, rollout worker, trainer;   start_rl_processes
+        groups submitted `learning.rl_groups_ahead` ahead of those formed    rollstream.rl_feed
     evaluations of base, SFT and RL on the held-out split              rollstream.evaluation
 
 Every step is a real process of the pipeline started by `Supervisor`; this module only
@@ -20,26 +20,21 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agents.curriculum import TaskPicker
-from agents.identity import group_id
-from agents.submit import TaskRef, limits_of, request_event, run_requests, submit_requests, task_refs
+from agents.submit import limits_of, run_requests, submit_requests, task_refs
+from rollstream.command_line import new_run_id
 from rollstream.config import Config, LearningSettings
 from rollstream.evaluation import wait_for_engine
 from rollstream.launcher.process import free_port
 from rollstream.run_progress import wait_for_groups
 from rollstream.supervisor import Supervisor
 from sandboxes.tasks.family import FAMILY_VERSION, write_family
-from streams.bus import EventConsumer, EventProducer
-from streams.payloads import GroupFormed, TrainerStep
 from streams.topics import create_topics
 from trainer.checkpoint import check_model_dir, init_model_dir
 from trainer.checkpoint import read_config as read_model_config
-from trainer.intake import STALE
 from trainer.model_sources import KNOWN_MODELS, models_dir, resolve_model
 
 SFT_RECIPE = "sft_recipe.json"
@@ -253,7 +248,7 @@ def ensure_sft_model(cfg: Config, paths: LearningPaths, log_dir: Path, config_ar
     the settings it was made with (`sft_recipe`) are unchanged."""
     if sft_model_is_current(cfg, paths):
         return paths.sft_model
-    expert_run = f"expert-seed{cfg.learning.seed}-{_stamp()}"
+    expert_run = new_run_id(f"expert-seed{cfg.learning.seed}")
     with Supervisor(log_dir, config_args, cfg.supervisor) as pipeline:
         collect_expert(cfg, paths, expert_run, pipeline)
     return build_sft_model(cfg, paths, expert_run, config_args)
@@ -274,25 +269,6 @@ def _run_cli(args: list[str]) -> None:
         raise LearningError(
             f"`rollstream {' '.join(args[:3])} ...` failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
         )
-
-
-def _stamp() -> str:
-    import time
-    import uuid
-
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-
-
-@dataclass(frozen=True)
-class RlProgress:
-    step: int
-    groups_formed: int
-    groups_submitted: int
-    tasks_solved: int = 0  # train tasks retired by the curriculum
-    train_solved: bool = False  # RL ended before its steps: every train task sits out
-
-
-ProgressFn = Callable[[RlProgress], None]
 
 
 def start_rl_processes(
@@ -324,107 +300,6 @@ def start_rl_processes(
     trainer_args = ["train", "--run", run_id, "--steps", str(steps), *model_arg]
     pipeline.start("trainer", trainer_args, completes=True, ranks=cfg.trainer.ranks)  # torchrun when > 1
     return url
-
-
-async def feed_until_trained(
-    cfg: Config,
-    paths: LearningPaths,
-    run_id: str,
-    pipeline: Supervisor,
-    on_progress: ProgressFn | None = None,
-) -> RlProgress:
-    """Submit groups of train tasks until the trainer exits, keeping at most `rl_groups_ahead` groups
-    unsettled (requested but neither trained on nor dropped), so no work waits long enough to go stale.
-    Tasks come from `TaskPicker` (solved ones sitting out: `learning.retire_solved_tasks`,
-    `learning.retired_return_rounds`). With `learning.end_when_train_solved` it returns as soon as
-    every task sits out (`train_solved`), the trainer still running: the caller's `Supervisor` stops
-    it, and its last published version is the RL model."""
-    refs = task_refs(paths.train_tasks)
-    learning = cfg.learning
-    ledger = GroupLedger()
-    picker = TaskPicker(len(refs), learning.retire_solved_tasks, learning.retired_return_rounds)
-    shorts = ("groups", "trainer.steps")
-    async with (
-        EventProducer(cfg.kafka, cfg.topics) as producer,
-        EventConsumer(cfg.kafka, cfg.topics, shorts, group_id=None, name=f"feed-{run_id}") as consumer,
-    ):
-        while not pipeline.done("trainer"):
-            if learning.end_when_train_solved and picker.all_sit_out:
-                return ledger.progress(len(picker.solved), train_solved=True)
-            while ledger.unsettled < cfg.learning.rl_groups_ahead:
-                await submit_next_group(cfg, producer, run_id, refs, picker)
-                ledger.submitted += 1
-            await producer.flush()
-            for item in await consumer.batch(timeout_ms=500):
-                if item.event.run_id == run_id:
-                    ledger.record(item.event.data)
-                    if isinstance(item.event.data, GroupFormed):
-                        picker.observe(item.event.group_id or "", item.event.data)
-            pipeline.check_alive()
-            if on_progress is not None:
-                on_progress(ledger.progress(len(picker.solved)))
-    return ledger.progress(len(picker.solved))
-
-
-@dataclass
-class GroupLedger:
-    """Groups of an RL run: requested, formed, dropped and trained on; `unsettled` is what is still
-    to be trained on or dropped. The trainer's stale count includes groups the stream worker had
-    already dropped as stale, so only its excess over those is the trainer's own."""
-
-    submitted: int = 0
-    formed: int = 0
-    dropped: int = 0  # by the stream worker, any reason
-    dropped_stale: int = 0  # by the stream worker, as stale
-    trainer_stale: int = 0
-    trained: int = 0
-    step: int = 0
-
-    def record(self, data: object) -> None:
-        if isinstance(data, GroupFormed):
-            self.formed += 1
-            self.dropped += data.dropped is not None
-            self.dropped_stale += data.dropped == STALE
-        elif isinstance(data, TrainerStep) and data.mode == "rl":
-            self.step = max(self.step, data.step)
-            self.trained += len(data.group_ids)
-            self.trainer_stale += data.stale_groups
-
-    @property
-    def unsettled(self) -> int:
-        own_stale = max(0, self.trainer_stale - self.dropped_stale)
-        return self.submitted - self.dropped - own_stale - self.trained
-
-    def progress(self, tasks_solved: int = 0, *, train_solved: bool = False) -> RlProgress:
-        return RlProgress(self.step, self.formed, self.submitted, tasks_solved, train_solved)
-
-
-async def submit_next_group(
-    cfg: Config,
-    producer: EventProducer,
-    run_id: str,
-    refs: list[TaskRef],
-    picker: TaskPicker,
-    source: str = "learning",
-) -> str:
-    """`group_size` requests for the task `picker` chooses; the group's id."""
-    task, index = picker.next()
-    group = group_id(run_id, refs[task].task_id, index)
-    picker.requested(group, task)
-    size = cfg.policy.group_size
-    for attempt in range(size):
-        event = request_event(
-            run_id=run_id,
-            group=group,
-            task=refs[task],
-            attempt=attempt,
-            retry=0,
-            group_size=size,
-            limits=limits_of(cfg.policy),
-            source=source,
-        )
-        await producer.send("rollout.requests", event)
-    return group
 
 
 def model_version(model_dir: Path) -> int:

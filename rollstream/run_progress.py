@@ -13,9 +13,9 @@ import time
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import Connection, TextClause, create_engine, text
 
-from rollstream.commands.common import console
+from rollstream.command_line import console
 from rollstream.config import Config
-from rollstream.pipeline import Pipeline
+from rollstream.supervisor import Supervisor
 from streams.bus import EventConsumer, read_topic
 
 
@@ -31,7 +31,7 @@ def _progress() -> Progress:
 
 
 async def wait_for_groups(
-    cfg: Config, run_id: str, expected_groups: int, pipeline: Pipeline, timeout_s: float
+    cfg: Config, run_id: str, expected_groups: int, pipeline: Supervisor, timeout_s: float
 ) -> None:
     """Follow `rollout.events` and `groups` until every group of the run has formed (or dropped)."""
     deadline = time.monotonic() + timeout_s
@@ -66,7 +66,7 @@ async def wait_for_groups(
                 progress.update(bar_g, completed=len(groups), note=f"{kept} kept")
 
 
-async def wait_for_sink(cfg: Config, run_id: str, pipeline: Pipeline, timeout_s: float) -> None:
+async def wait_for_sink(cfg: Config, run_id: str, pipeline: Supervisor, timeout_s: float) -> None:
     """Wait until the SQL store holds every rollout event of the run that the topic holds."""
     on_topic = sum(
         1 for c in await read_topic(cfg.kafka, cfg.topics, "rollout.events") if c.event.run_id == run_id

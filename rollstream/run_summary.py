@@ -11,12 +11,12 @@ from pathlib import Path
 
 from rich.table import Table
 
-from rollstream.commands.common import console
-from rollstream.commands.tail import figure_rows, figures_table
+from rollstream.command_line import console
 from rollstream.config import Config
 from rollstream.report.build import write_run_report
 from rollstream.report.queries import outcome_rewards
 from rollstream.report.tables import OUTCOME_CAPTION, OUTCOME_COLUMNS, outcome_cells
+from rollstream.tail_table import figure_rows, figures_table
 from streams.events import Event
 from streams.replay import RecordedRun, by_trajectory, fold_episodes, load_from_topics
 from streams.store import open_readonly

@@ -31,8 +31,12 @@ for it to exit, then SIGKILL to what is left of its group. What started later ma
 what started earlier (a rollout worker, the engine it calls): a worker draining while its
 engine stopped recorded the engine's abort of its request as an infrastructure error.
 Children ignore the terminal's Ctrl-C (their own group): the caller handles SIGINT/SIGTERM
-and calls `stop()`. The API matches `rollstream.pipeline.Pipeline`
-(`start`, `check_alive`, `stop`, `processes`, `log_dir`), so callers switch by constructor.
+and calls `stop()`.
+
+`Supervisor(..., restart=False)` is the same runner for processes that must not outlive a
+failure (an evaluation's engine, a benchmark's or a test's processes): nothing is restarted and
+no heartbeat is watched; a child that exits is given up at once, and `check_alive` raises with
+the tail of its log the moment it is asked. It is the one process runner of Rollstream.
 """
 
 from __future__ import annotations
@@ -50,9 +54,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from rollstream.launcher.process import KILL_WAIT_S, log_tail
+from rollstream.supervisor_settings import SupervisorSettings
 from streams.heartbeat import (
     HEARTBEAT_FILE_ENV,
     HEARTBEAT_INTERVAL_ENV,
@@ -65,31 +68,6 @@ from streams.heartbeat import (
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here, not in the forked child
 logger = logging.getLogger(__name__)
-
-
-class SupervisorSettings(BaseModel):
-    """`[supervisor]`: restarts, health checks and stopping of the pipeline's processes."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    backoff_s: float = Field(default=1.0, ge=0, description="wait before the first restart of a process")
-    backoff_max_s: float = Field(default=30.0, ge=0, description="cap of the doubling restart backoff")
-    healthy_after_s: float = Field(
-        default=60.0, gt=0, description="a run this long resets the backoff and the consecutive restarts"
-    )
-    max_restarts: int = Field(
-        default=5, ge=0, description="consecutive restarts before a process is given up; 0 = never"
-    )
-    health_interval_s: float = Field(default=0.5, gt=0, description="how often processes are checked")
-    heartbeat_interval_s: float = Field(default=2.0, gt=0, description="how often children beat")
-    hung_after_s: float = Field(
-        default=60.0, gt=0, description="restart a process whose last heartbeat is older than this"
-    )
-    startup_grace_s: float = Field(
-        default=180.0, gt=0, description="time from start to a process's first heartbeat (imports, model)"
-    )
-    stop_timeout_s: float = Field(
-        default=15.0, gt=0, description="SIGTERM to SIGKILL of each process on stop (one after another)"
-    )
 
 
 class ProcessExitedError(RuntimeError):
@@ -172,8 +150,10 @@ class Supervisor:
         settings: SupervisorSettings | None = None,
         *,
         env: dict[str, str] | None = None,
+        restart: bool = True,
     ) -> None:
         self.log_dir = Path(log_dir)
+        self.restart = restart
         self.config_args = list(config_args or [])
         self.settings = settings or SupervisorSettings()
         self._env = dict(env if env is not None else os.environ)
@@ -182,7 +162,7 @@ class Supervisor:
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
 
-    # ---- the Pipeline API ----
+    # ---- what callers use ----
     def start(
         self, name: str, args: list[str], *, heartbeat: bool = True, completes: bool = False, ranks: int = 1
     ) -> subprocess.Popen[bytes]:
@@ -192,7 +172,7 @@ class Supervisor:
         with self._lock:
             if name in self._children:
                 raise ValueError(f"a process named {name!r} is already supervised")
-            self._children[name] = self._spawn(name, args, heartbeat)
+            self._children[name] = self._spawn(name, args, heartbeat and self.restart)
             self._children[name].completes = completes
             self._children[name].ranks = ranks
             self._note(name, f"started (pid {self._children[name].popen.pid}): rollstream {' '.join(args)}")
@@ -212,13 +192,17 @@ class Supervisor:
             return self._children[name].state is State.DONE
 
     def check_alive(self) -> None:
-        """Raise with the log tail of the first process that was given up."""
+        """Raise with the log tail of the first process that was given up (without restarts: of the
+        first that exited, seen now rather than at the watcher's next pass)."""
         with self._lock:
+            if not self.restart:
+                self.check_once()
             for child in self._children.values():
                 if child.state is State.FAILED:
                     log = self.log_dir / f"{child.name}.log"
+                    what = f"was given up after {child.restarts} restarts ({child.reason})"
                     raise ProcessExitedError(
-                        f"{child.name} was given up after {child.restarts} restarts ({child.reason}); "
+                        f"{child.name} {what if self.restart else child.reason}; "
                         f"last lines of its log ({log}):\n{log_tail(log, lines=20)}"
                     )
 
@@ -344,6 +328,10 @@ class Supervisor:
         if now - child.started_mono >= self.settings.healthy_after_s:
             child.consecutive = 0
         child.consecutive += 1
+        if not self.restart:
+            child.state = State.FAILED
+            self._note(child.name, f"{reason}; not restarted")
+            return
         limit = self.settings.max_restarts
         if limit and child.consecutive > limit:
             child.state = State.FAILED

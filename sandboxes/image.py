@@ -14,19 +14,18 @@ unpacking), import about 5 s, image about 130 MB.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import docker
 
 from sandboxes.docker_api import unix_socket_path
+from sandboxes.file_lock import file_lock
 from sandboxes.settings import DockerSettings
 
 EXCLUDED_PATHS = (
@@ -74,7 +73,7 @@ def ensure_image(
     try:
         if _has_image(client, settings.image):
             return ImageReport(settings.image, False, False, 0.0, 0.0, None)
-        with _locked(cache_dir / "build.lock"):
+        with file_lock(cache_dir / "build.lock"):
             if _has_image(client, settings.image):  # another builder finished while we waited
                 return ImageReport(settings.image, False, False, 0.0, 0.0, None)
             tarball = cache_dir / tarball_name(settings)
@@ -155,14 +154,3 @@ def _has_image(client: docker.APIClient, image: str) -> bool:
     except docker.errors.DockerException as error:
         raise ImageBuildError(f"cannot reach the docker API: {error}") from None
     return True
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

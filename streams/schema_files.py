@@ -12,7 +12,7 @@ current models (through the upcasters when the version is older). A new required
 field, a changed type or a removed field (payloads forbid unknown fields) shows
 up as a problem. `streams/schemas/examples/<type>.v<version>.json` keeps one real
 encoded event per type and version; `write_schemas` adds missing ones (made by
-the `example_of` it is given: the CLI passes `bench.eventgen.sample_event`) and
+the `example_of` it is given: the CLI passes `streams.eventgen.sample_event`) and
 never rewrites existing ones (they stand for data already on the log).
 """
 

@@ -1,7 +1,9 @@
 """Training samples from kept groups, and micro-batches of them (pure: no Kafka, clock or torch state).
 
-INTERFACE (owned by the trainer-core helper; the loop and benchmarks call these):
+What the trainer's stages pass each other (the loop, SFT, the backends and `bench trainer` use these):
 - `TrainSample`: one member trajectory of a kept group with its advantage.
+- `StepBatch`: one step's kept groups (`KeptGroup`: the `group.formed` event and its samples),
+  in the order the loop took them; the loop collects it and trains on `StepBatch.samples`.
 - `samples_of(group_event_data, trajectories_by_id) -> list[TrainSample]` (and an optional
   `group_id`, the envelope's; `GroupMismatchError` / `MissingTrajectoryError` when they do not fit).
 - `micro_batches(samples, max_tokens) -> list[list[TrainSample]]`: deterministic packing,
@@ -15,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from streams.events import Event
 from streams.packed import Logprobs, LossMask, TokenIds
 from streams.payloads import GroupFormed, TrajectoryAssembled
 
@@ -34,6 +37,29 @@ class TrainSample:
     @property
     def tokens(self) -> int:
         return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class KeptGroup:
+    """A kept group of a step's batch: its `group.formed` event and its members' samples."""
+
+    event: Event
+    samples: tuple[TrainSample, ...]
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One step's kept groups, in the order they were taken."""
+
+    groups: tuple[KeptGroup, ...]
+
+    @property
+    def samples(self) -> list[TrainSample]:
+        return [sample for group in self.groups for sample in group.samples]
+
+    @property
+    def group_ids(self) -> list[str]:
+        return [group.event.group_id or "" for group in self.groups]
 
 
 class GroupMismatchError(ValueError):

@@ -38,7 +38,7 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,18 +47,18 @@ from aiokafka import TopicPartition
 
 from streams.bus import EventConsumer, EventProducer
 from streams.events import Event
-from streams.payloads import GroupFormed, StepTimes, TrainerStep, TrajectoryAssembled
+from streams.payloads import GroupFormed, StepTimes, TrajectoryAssembled
 from streams.settings import KafkaSettings, TopicSettings
 from streams.topics import partitions, topic_name
 from trainer.backends import TrainBackend
-from trainer.batch import GroupMismatchError, TrainSample, samples_of
-from trainer.intake import STALE, TRAIN, ZERO_VARIANCE, TrajectoryBuffer, batch_staleness, judge_group
+from trainer.batch import GroupMismatchError, KeptGroup, StepBatch, samples_of
+from trainer.intake import TRAIN, TrajectoryBuffer, batch_staleness, judge_group
 from trainer.model import ModelConfig
 from trainer.ordering import PartitionMerger
 from trainer.publish import announce, prune_versions, step_event, write_version
 from trainer.resume import Checkpoint, fresh_state_dir, save_checkpoint
 from trainer.settings import TrainerSettings
-from trainer.step import StepMetrics
+from trainer.step_payload import step_payload
 from trainer.waits import WaitClock, WaitSplit
 
 log = logging.getLogger(__name__)
@@ -212,9 +212,9 @@ class RlTrainer:
 
     async def _collect(
         self, stop: asyncio.Event, groups: EventConsumer, trajectories: EventConsumer, clock: WaitClock
-    ) -> list[tuple[Event, list[TrainSample]]] | None:
+    ) -> StepBatch | None:
         """The next batch of kept groups with their samples, in order; None once `stop` is set."""
-        batch: list[tuple[Event, list[TrainSample]]] = []
+        batch: list[KeptGroup] = []
         in_batch: set[str] = set()
         while len(batch) < self.settings.groups_per_step:
             if stop.is_set():
@@ -241,12 +241,12 @@ class RlTrainer:
             if members is None:
                 return None
             try:
-                batch.append((event, samples_of(group, members, group_id)))
+                batch.append(KeptGroup(event, tuple(samples_of(group, members, group_id))))
             except GroupMismatchError as error:  # bad data never trains, and must not stop the run
                 self.seen["malformed"] += 1
                 log.warning("group %s skipped: %s", group_id, error)
         self.state.taken_groups |= in_batch
-        return batch
+        return StepBatch(tuple(batch))
 
     async def _fetch_groups(self, groups: EventConsumer) -> None:
         for record in await groups.batch(timeout_ms=self.settings.poll_ms, max_records=10_000):
@@ -282,10 +282,8 @@ class RlTrainer:
                 log.warning("group %s waits for trajectories %s (not read yet or evicted)", group_id, missing)
         return self.buffer.take(group.members)
 
-    async def _train(
-        self, batch: list[tuple[Event, list[TrainSample]]], wait: WaitSplit, producer: EventProducer
-    ) -> None:
-        samples = [sample for _, group_samples in batch for sample in group_samples]
+    async def _train(self, batch: StepBatch, wait: WaitSplit, producer: EventProducer) -> None:
+        samples = batch.samples
         staleness = batch_staleness(samples, self.state.version)
         self._phase("update", self.state.step + 1)
         # in a worker thread: the loop keeps its heartbeat (a supervisor must not take a long step
@@ -304,7 +302,7 @@ class RlTrainer:
             metrics,
             step=self.state.step,
             version=self.state.version,
-            group_ids=[event.group_id or "" for event, _ in batch],
+            group_ids=batch.group_ids,
             seen=self.seen,
             staleness_mean=staleness.mean,
             staleness_max=staleness.max,
@@ -366,41 +364,3 @@ def _paused(*consumers: EventConsumer) -> Iterator[None]:
     finally:
         for consumer in consumers:
             consumer.consumer.resume(*consumer.consumer.assignment())
-
-
-def step_payload(
-    metrics: StepMetrics,
-    *,
-    step: int,
-    version: int,
-    group_ids: Sequence[str],
-    seen: Counter[str],
-    staleness_mean: float,
-    staleness_max: int,
-    times: StepTimes,
-    mode: str = "rl",
-) -> TrainerStep:
-    """The `trainer.steps` payload of one step (schema v2)."""
-    return TrainerStep(
-        step=step,
-        version=version,
-        mode=mode,
-        groups=len(group_ids),
-        trajectories=metrics.trajectories,
-        group_ids=list(group_ids),
-        loss=metrics.loss,
-        grad_norm=metrics.grad_norm,
-        clip_frac_low=metrics.clip_frac_low,
-        clip_frac_high=metrics.clip_frac_high,
-        entropy=metrics.entropy,
-        mean_logprob_diff=metrics.mean_logprob_diff,
-        ess=metrics.ess,
-        ess_seq=metrics.ess_seq,
-        reward_mean=metrics.reward_mean,
-        zero_variance_groups=seen[ZERO_VARIANCE],
-        stale_groups=seen[STALE],
-        staleness_mean=staleness_mean,
-        staleness_max=staleness_max,
-        tokens=metrics.tokens,
-        times=times,
-    )

@@ -100,8 +100,23 @@ def truncated_importance_weights(
     return torch.clamp(log_ratio.exp(), max=cap) * mask
 
 
+@dataclass(frozen=True)
+class Ratio:
+    """r = exp(logp − logp_old) on the loss tokens, as its log and its value, computed once per
+    micro-batch for the loss and the clip counts. Off the loss tokens the log-ratio is 0 (r = 1),
+    so a large drift there cannot overflow into NaNs."""
+
+    log: torch.Tensor
+    value: torch.Tensor
+
+    @classmethod
+    def of(cls, logp: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor) -> Ratio:
+        log_ratio = torch.where(mask > 0, logp - logp_old.detach(), 0.0)
+        return cls(log_ratio, log_ratio.exp())
+
+
 def per_token_loss(
-    logp: torch.Tensor,
+    ratio: Ratio,
     logp_old: torch.Tensor,
     logp_rollout: torch.Tensor,
     advantages: torch.Tensor,
@@ -109,17 +124,13 @@ def per_token_loss(
     settings: TrainerSettings,
 ) -> torch.Tensor:
     """The module docstring's per-token loss, 0 off the loss tokens. advantages: (B,)."""
-    logp_old = logp_old.detach()
-    # Masked positions get log-ratio 0, so a large drift there cannot overflow into NaNs.
-    log_ratio = torch.where(mask > 0, logp - logp_old, 0.0)
-    ratio = log_ratio.exp()
-    adv = advantages[:, None].to(ratio.dtype)
-    clipped = torch.clamp(ratio, 1.0 - settings.clip_low, 1.0 + settings.clip_high)
-    surrogate = -torch.minimum(ratio * adv, clipped * adv)
-    weights = truncated_importance_weights(logp_old, logp_rollout, mask, settings.tis_cap)
+    adv = advantages[:, None].to(ratio.value.dtype)
+    clipped = torch.clamp(ratio.value, 1.0 - settings.clip_low, 1.0 + settings.clip_high)
+    surrogate = -torch.minimum(ratio.value * adv, clipped * adv)
+    weights = truncated_importance_weights(logp_old.detach(), logp_rollout, mask, settings.tis_cap)
     loss = weights * surrogate
     if settings.kl_coef > 0:
-        kl = (-log_ratio).exp() + log_ratio - 1.0
+        kl = (-ratio.log).exp() + ratio.log - 1.0
         loss = loss + settings.kl_coef * kl
     return loss * mask
 
@@ -137,19 +148,15 @@ def aggregate(
 
 
 def clip_counts(
-    logp: torch.Tensor,
-    logp_old: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    settings: TrainerSettings,
+    ratio: Ratio, advantages: torch.Tensor, mask: torch.Tensor, settings: TrainerSettings
 ) -> tuple[int, int]:
     """Loss tokens clipped low (A<0, r<1−clip_low) and high (A>0, r>1+clip_high)."""
     with torch.no_grad():
-        ratio = torch.where(mask > 0, logp - logp_old, 0.0).exp()
+        value = ratio.value.detach()
         adv = advantages[:, None]
         on = mask > 0
-        low = on & (adv < 0) & (ratio < 1.0 - settings.clip_low)
-        high = on & (adv > 0) & (ratio > 1.0 + settings.clip_high)
+        low = on & (adv < 0) & (value < 1.0 - settings.clip_low)
+        high = on & (adv > 0) & (value > 1.0 + settings.clip_high)
         return int(low.sum()), int(high.sum())
 
 
@@ -164,10 +171,10 @@ def policy_loss(
     denominators: Denominators,
 ) -> tuple[torch.Tensor, LossSums]:
     """One micro-batch: its share of the batch loss (with grad) and its metric sums."""
-    logp = next_token_logprobs(logits, token_ids)
-    token_loss = per_token_loss(logp, logp_old, logp_rollout, advantages, mask, settings)
+    ratio = Ratio.of(next_token_logprobs(logits, token_ids), logp_old, mask)
+    token_loss = per_token_loss(ratio, logp_old, logp_rollout, advantages, mask, settings)
     loss = aggregate(token_loss, mask, settings.loss_aggregation, denominators)
-    low, high = clip_counts(logp, logp_old, advantages, mask, settings)
+    low, high = clip_counts(ratio, advantages, mask, settings)
     with torch.no_grad():
         entropy = float((next_token_entropy(logits) * mask).sum())
     return loss, LossSums(int((mask > 0).sum()), low, high, entropy)

@@ -28,10 +28,11 @@ from streams.packed import pack, unpack
 from streams.payloads import StepTimes
 from streams.settings import KafkaSettings, TopicSettings
 from trainer.backends import TrainBackend
-from trainer.loop import RunTarget, TrainerState, publish_version, save_run_checkpoint, step_payload
+from trainer.loop import RunTarget, TrainerState, publish_version, save_run_checkpoint
 from trainer.publish import step_event
 from trainer.settings import TrainerSettings
 from trainer.step import SftSequence
+from trainer.step_payload import step_payload
 
 log = logging.getLogger(__name__)
 SFT_COLUMNS = ("input_ids", "loss_mask")

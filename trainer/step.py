@@ -1,7 +1,9 @@
 """One training step on torch (pure of Kafka, SQL and clocks but the phase timers).
 
-INTERFACE (pinned; the trainer-core helper implements it, the loop and the
-megatron backend call it):
+The step functions every backend runs: the torch backend (trainer/backends.py) and the megatron
+backend (trainer/megatron_backend.py) call them with their model and optimizer behind
+`TrainerBackend`; the loop (trainer/loop.py) and SFT (trainer/sft.py) call the backend, never
+these directly; `bench trainer` runs `rl_step` as its baseline. What they take and return:
 
     @dataclass(frozen=True)
     class SftSequence: token_ids: TokenIds; loss_mask: LossMask

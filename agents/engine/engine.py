@@ -31,7 +31,6 @@ import random
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -45,38 +44,22 @@ from agents.engine.batch import (
     request_sampling,
 )
 from agents.engine.errors import (
-    ContextLengthError,
     EngineFailure,
     EngineRefusal,
     EngineStopping,
     QueueFullError,
+    check_input,
 )
 from agents.engine.prefill import Prefilled, prefill_step
 from agents.engine.prefix_cache import PrefixCache
 from agents.engine.protocol import FinishReason, SamplingParams
 from agents.engine.sampling import sample_with_alternatives
+from agents.engine.stats import EngineStats
 from agents.settings import EngineSettings
 from trainer.checkpoint import TORCH_DTYPES, load_model, weight_version
 from trainer.model import KVCache, PolicyModel
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    running: int
-    prefilling: int
-    queued: int
-    reserved_kv_tokens: int
-    kv_cache_tokens: int
-    cached_kv_positions: int  # allocated in decode buffers (rows × bucket capacity)
-    prefix_cache_tokens: int
-    prefix_hits: int
-    prefix_hit_tokens: int
-    weight_version: int
-    paused: bool
-    decode_steps: int
-    generated_tokens: int
 
 
 class Engine:
@@ -127,16 +110,7 @@ class Engine:
         (a joining `listener` is not called: the joined request's tokens come with its result).
         `listener` (streaming) is called from the scheduler thread with each token as it is sampled."""
         cap = self.settings.context_length
-        if not input_ids:
-            raise EngineRefusal("input_ids is empty: send at least one token")
-        if len(input_ids) >= cap:
-            raise ContextLengthError(
-                f"The input ({len(input_ids)} tokens) is at or over the model's context length "
-                f"({cap} tokens): shorten the context or raise engine.context_length"
-            )
-        vocab = self.model.config.vocab_size
-        if min(input_ids) < 0 or max(input_ids) >= vocab:
-            raise EngineRefusal(f"input_ids must be token ids in [0, {vocab})")
+        check_input(input_ids, cap, self.model.config.vocab_size)
         with self._lock:
             if self._stopping:
                 raise EngineStopping("the engine is shutting down: send the request again")

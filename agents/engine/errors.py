@@ -29,3 +29,17 @@ class EngineStopping(RuntimeError):
     """The engine is stopping: a request it had not finished, or one sent meanwhile, was not run to
     its end. Not an abort the client asked for: the server answers 503, which a client retries (on
     another engine, or on this one once restarted)."""
+
+
+def check_input(input_ids: list[int], context_length: int, vocab_size: int) -> None:
+    """Refuse input the engine cannot run: empty, at or over the context cap, or ids outside the
+    vocabulary (raises `EngineRefusal` / `ContextLengthError`, saying what to do)."""
+    if not input_ids:
+        raise EngineRefusal("input_ids is empty: send at least one token")
+    if len(input_ids) >= context_length:
+        raise ContextLengthError(
+            f"The input ({len(input_ids)} tokens) is at or over the model's context length "
+            f"({context_length} tokens): shorten the context or raise engine.context_length"
+        )
+    if min(input_ids) < 0 or max(input_ids) >= vocab_size:
+        raise EngineRefusal(f"input_ids must be token ids in [0, {vocab_size})")

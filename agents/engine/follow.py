@@ -33,7 +33,8 @@ from aiohttp import web
 from aiokafka.errors import KafkaError
 
 from agents.engine.answers import parse_weight_version
-from agents.engine.engine import Engine, EngineRefusal
+from agents.engine.engine import Engine
+from agents.engine.errors import EngineRefusal
 from agents.settings import FollowSettings
 from streams.bus import BusError, EventConsumer
 from streams.events import Event

@@ -39,9 +39,9 @@ from typing import Any
 from aiohttp import web
 from tokenizers import Tokenizer
 
-from agents.engine.engine import (
+from agents.engine.engine import Engine
+from agents.engine.errors import (
     ContextLengthError,
-    Engine,
     EngineFailure,
     EngineRefusal,
     EngineStopping,

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rollstream.commands.common import ConfigPath, Overrides, console, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, read_config
 
 app = typer.Typer(help="Inspect the effective configuration.", no_args_is_help=True)
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from sqlalchemy.exc import SQLAlchemyError
 
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from streams.store import StoreError, open_readonly
 from streams.store.migrate import create_store_engine, current_revision, head_revision
 from streams.store.migrate import upgrade as migrate

@@ -20,14 +20,13 @@ import contextlib
 import json
 import signal
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import typer
 
 from agents.evaluate import EvalResult
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, config_args, console, fail, new_run_id, read_config
 from rollstream.config import Config
 from rollstream.evaluation import evaluate_model
 from rollstream.launcher.kafka import ensure_up, points_at_local_broker
@@ -35,7 +34,6 @@ from rollstream.learning import (
     LearningError,
     LearningPaths,
     ensure_sft_model,
-    feed_until_trained,
     latest_version_dir,
     learning_overrides,
     prepare,
@@ -43,6 +41,7 @@ from rollstream.learning import (
 )
 from rollstream.live_render import show_live
 from rollstream.live_view import RunFollower, RunView
+from rollstream.rl_feed import feed_until_trained
 from rollstream.run_progress import wait_for_sink
 from rollstream.run_summary import summarise_run
 from rollstream.supervisor import ProcessExitedError, Supervisor
@@ -67,13 +66,13 @@ def command(
     """Train the policy with RL through the whole pipeline; pass@1 before and after; a report."""
     extra = [*learning_overrides(model), *(overrides or [])]
     cfg = read_config(config, extra)
-    run_id = cfg.run.name or f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    run_id = cfg.run.name or new_run_id("demo")
     console.rule(f"[bold]Rollstream demo · run {run_id}")
-    config_args = [*(["--config", str(config)] if config else []), *[a for o in extra for a in ("--set", o)]]
+    child_args = config_args(config, extra)
     run_dir = cfg.state_dir / "runs" / run_id
     try:
         with _signals_raise():
-            before, after = _run(cfg, run_id, steps, timeout_s, config_args, run_dir)
+            before, after = _run(cfg, run_id, steps, timeout_s, child_args, run_dir)
     except Interrupted:
         console.print("[yellow]interrupted: every process stopped[/]")
         raise typer.Exit(130) from None

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from rollstream.config import Config
 
 app = typer.Typer(help="The embedded inference engine (SGLang-compatible HTTP).", no_args_is_help=True)
@@ -70,7 +70,7 @@ def serve_following(settings: Config, model_dir: Path, run: str) -> None:
     from agents.engine.engine import Engine
     from agents.engine.follow import EmbeddedTarget, WeightsFollower, follow_in_app
     from agents.engine.server import create_app
-    from rollstream.commands.weights import show_follower_log
+    from rollstream.weights_follow import show_follower_log
 
     show_follower_log()
     host, port = settings.engine.host, settings.engine.port

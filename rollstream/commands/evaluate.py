@@ -9,17 +9,24 @@ as its last line, `{"pass1": ..., "tasks": ..., "attempts": ..., "model_version"
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from pathlib import Path
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agents.evaluate import AttemptResult, EvalInfraError
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config, resolve_model_dir
+from rollstream.command_line import (
+    ConfigPath,
+    Overrides,
+    config_args,
+    console,
+    fail,
+    new_run_id,
+    read_config,
+    resolve_model_dir,
+)
 from rollstream.evaluation import EngineStartError, evaluate_model
-from rollstream.pipeline import ProcessExitedError
+from rollstream.supervisor import ProcessExitedError
 from sandboxes.tasks import TaskFormatError, load_tasks
 
 
@@ -42,8 +49,8 @@ def command(
     except TaskFormatError as error:
         fail(str(error), code=2)
     model_dir = resolve_model_dir(cfg, model, cfg.engine.dtype)
-    run_id = run or f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-    config_args = [*(["--config", str(config)] if config else []), *[a for o in extra for a in ("--set", o)]]
+    run_id = run or new_run_id("eval")
+    child_args = config_args(config, extra)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         bar = progress.add_task(f"eval {run_id}", total=count * cfg.eval.attempts)
@@ -60,7 +67,7 @@ def command(
                 tasks,
                 run_id,
                 log_dir=cfg.state_dir / "runs" / run_id / "logs",
-                config_args=config_args,
+                config_args=child_args,
                 engine_url=engine,
                 on_result=advance,
             )

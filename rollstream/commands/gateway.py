@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from rollstream.config import Config
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColum
 from rich.table import Column, Table
 
 from agents.chat import ChatFormat
-from rollstream.commands.common import ConfigPath, Overrides, console, err_console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, err_console, fail, read_config
 from trainer.checkpoint import check_model_dir, init_model_dir, load_model
 from trainer.model_sources import KNOWN_MODELS, ModelSourceError, fetch_model, fetched_model, models_dir
 

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 from aiokafka.errors import KafkaError
 
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from rollstream.config import Config
 from rollstream.launcher.process import free_port
 

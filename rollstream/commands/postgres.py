@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from rollstream.launcher import postgres
 from rollstream.launcher.process import LauncherError
 

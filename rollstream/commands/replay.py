@@ -19,40 +19,14 @@ from typing import Literal
 import typer
 from rich.table import Table
 
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from rollstream.config import Config
+from rollstream.recorded_runs import load_run, policies
 from streams.datasets import DatasetError, Decode, rl_rows, sft_rows, trajectory_rows, write_rows
-from streams.events import DecodeError
-from streams.policies import cut_limits, explicit_policy_keys, replay_policy
-from streams.replay import RecordedRun, compare, load_from_db, load_from_topics, replay
-from streams.settings import PolicySettings
+from streams.policies import cut_limits, explicit_policy_keys
+from streams.replay import RecordedRun, compare, load_from_topics, replay
 
 Dataset = Literal["sft", "rl", "trajectories"]
-
-
-def load_run(cfg: Config, run: str, from_db: bool) -> RecordedRun:
-    """The recorded run from the topics or the SQL store; a clear error when it has no events."""
-    with console.status(f"reading run {run} from {'the SQL store' if from_db else 'the topics'}"):
-        try:
-            recorded = (
-                load_from_db(cfg.db_url, run)
-                if from_db
-                else asyncio.run(load_from_topics(cfg.kafka, cfg.topics, run))
-            )
-        except DecodeError as error:
-            fail(f"cannot read run {run}: {error}")
-    if not recorded.events:
-        where = cfg.db_url if from_db else f"topic {cfg.topics.prefix}rollout.events at {cfg.kafka.bootstrap}"
-        fail(f"run {run!r} has no rollout events in {where}; check --run (and --from-db / topics.prefix)")
-    return recorded
-
-
-def policies(
-    cfg: Config, recorded: RecordedRun, overrides: list[str]
-) -> tuple[PolicySettings, PolicySettings]:
-    """(recorded policy, the policy to replay with: recorded plus explicit --set policy.* keys)."""
-    base = replay_policy(recorded.recorded_policy(), cfg.policy, set())
-    return base, replay_policy(recorded.recorded_policy(), cfg.policy, explicit_policy_keys(overrides))
 
 
 def command(

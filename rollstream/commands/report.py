@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from rollstream.report.build import ReportError, write_run_report
 from streams.store import StoreError
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
-import uuid
 from pathlib import Path
 
 import typer
@@ -23,19 +21,18 @@ from rich.table import Table
 
 from agents.chat import ChatFormat
 from agents.engine.faults import make_client
-from agents.episode import EpisodeServices
 from agents.expert import ExpertPolicy
-from agents.mini_swe.runtime import AgentGateway, MiniUnavailable
+from agents.mini_swe.runtime import MiniUnavailable
 from agents.policy import Policy
-from agents.rollout import RolloutWorker, TaskCatalog, WorkerSettings, worker_name
+from agents.rollout import RolloutWorker
 from agents.submit import limits_of, run_requests, submit_requests, task_refs
+from agents.worker_setup import TaskCatalog, WorkerSettings
 from rollstream.agent_gateway import worker_gateway
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, new_run_id, read_config
 from rollstream.config import Config
+from rollstream.rollout_services import episode_services
 from sandboxes.backends import make_factory
-from sandboxes.base import Sandbox
 from sandboxes.pool import SandboxPool
-from sandboxes.tasks import Task, Verdict, run_verifier
 from streams.heartbeat import start_heartbeat
 
 app = typer.Typer(help="Rollout workers and their requests.", invoke_without_command=True)
@@ -114,27 +111,6 @@ async def _serve(
         console.print(_table(worker))
 
 
-def episode_services(
-    cfg: Config, policy: Policy, pool: SandboxPool, chat: ChatFormat, gateway: AgentGateway | None = None
-) -> EpisodeServices:
-    verifier_cap = cfg.tasks.verifier_timeout_s
-
-    async def verify(box: Sandbox, task: Task) -> Verdict:
-        return await run_verifier(box, task, min(task.verifier_timeout_s, verifier_cap))
-
-    return EpisodeServices(
-        policy=policy,
-        sandboxes=pool,
-        verifier=verify,
-        chat=chat,
-        agent=cfg.agent,
-        backend=cfg.sandbox.backend,
-        source=worker_name(),
-        command_timeout_s=cfg.sandbox.limits.command_timeout_s,
-        gateway=gateway,
-    )
-
-
 def _table(worker: RolloutWorker) -> Table:
     table = Table(title=f"rollout worker {worker.name}")
     for column in ("in flight", "finished", "finished before", "events", "infra retries", "outcomes"):
@@ -163,7 +139,7 @@ def submit(
         refs = task_refs(tasks_root)
     except FileNotFoundError as error:
         fail(str(error))
-    run_id = run or cfg.run.name or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    run_id = run or cfg.run.name or new_run_id("run")
     size = group_size or cfg.policy.group_size
     events = run_requests(
         run_id, refs, size, limits_of(cfg.policy), groups_per_task=groups, first_group=first_group

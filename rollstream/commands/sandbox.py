@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from rollstream.commands.common import ConfigPath, Overrides, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, fail, read_config
 from sandboxes.backends import BACKENDS, make_factory
 from sandboxes.base import ExecResult, SandboxError
 from sandboxes.pool import SandboxPool

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from bench.eventgen import sample_event
-from rollstream.commands.common import console, fail
+from rollstream.command_line import console, fail
+from streams.eventgen import sample_event
 from streams.schema_files import (
     SCHEMA_DIR,
     compatibility_problems,

@@ -16,7 +16,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from rollstream.config import Config
 from streams.heartbeat import start_heartbeat
 from streams.sink import Sink, SinkError, SinkProgress

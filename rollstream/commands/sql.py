@@ -18,7 +18,7 @@ from rich.table import Table
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from streams.store import StoreError, open_readonly
 from streams.store.readonly import WriteRefusedError, check_read_only
 

@@ -23,7 +23,7 @@ import typer
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from rollstream.default_tasks import RECIPE_FILE, DefaultTasksError, ensure_default_tasks
 from sandboxes.backends import make_factory
 from sandboxes.base import SandboxError

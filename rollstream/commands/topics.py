@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from streams.topics import TopicError, create_topics, delete_topics, list_topics
 
 app = typer.Typer(help="Rollstream topics on the configured Kafka cluster.", no_args_is_help=True)

@@ -33,7 +33,7 @@ from typing import Any
 
 import typer
 
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config, resolve_model_dir
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config, resolve_model_dir
 from rollstream.config import Config
 from streams.heartbeat import mark_rank_start, start_heartbeat
 from trainer.backends import TorchBackend, TrainBackend

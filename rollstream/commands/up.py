@@ -21,11 +21,10 @@ import logging
 import signal
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import typer
 
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, config_args, console, fail, new_run_id, read_config
 from rollstream.config import Config
 from rollstream.launcher.process import port_in_use
 from rollstream.live_render import show_live
@@ -81,12 +80,6 @@ def plan_processes(
     return plan
 
 
-def config_args(config: Path | None, overrides: list[str] | None) -> list[str]:
-    """The --config/--set arguments every child gets (the same config as ours)."""
-    sets = [arg for item in overrides or [] for arg in ("--set", item)]
-    return [*(["--config", str(config)] if config else []), *sets]
-
-
 def command(
     run: str = typer.Option("", "--run", help="run id: start the trainer on it; engines follow its weights"),
     engines: int = typer.Option(1, "--engines", min=0, help="engines (0: use client.urls)"),
@@ -113,7 +106,7 @@ def command(
         asyncio.run(create_topics(cfg.kafka, cfg.topics))
     except Exception as error:
         fail(f"cannot create topics on {cfg.kafka.bootstrap} ({error}); is Kafka up (`rollstream kafka up`)?")
-    log_dir = cfg.state_dir / "runs" / (run or f"up-{time.strftime('%Y%m%d-%H%M%S')}") / "logs"
+    log_dir = cfg.state_dir / "runs" / (run or new_run_id("up")) / "logs"
     supervisor = Supervisor(log_dir, config_args(config, overrides), cfg.supervisor)
     view = RunView(run or None, slots=cfg.rollout.concurrency * rollout_workers)
     since = None if run else time.time_ns()

@@ -11,16 +11,14 @@ replaces `client.urls`. Runs until SIGINT/SIGTERM.
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
-from collections.abc import Sequence
 from typing import Annotated
 
 import typer
 
-from agents.engine.follow import WeightsFollower, http_targets
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
 from rollstream.config import Config
+from rollstream.weights_follow import follow_engines, show_follower_log
 
 app = typer.Typer(help="Weight versions on the log.", no_args_is_help=True)
 
@@ -28,12 +26,6 @@ app = typer.Typer(help="Weight versions on the log.", no_args_is_help=True)
 @app.callback()
 def weights() -> None:
     """Weight versions on the log (a group even with one command, so `follow` keeps its name)."""
-
-
-def show_follower_log() -> None:
-    """Loads at INFO, refusals and unreachable engines at ERROR, on stderr."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("agents.engine.follow").setLevel(logging.INFO)
 
 
 @app.command("follow")
@@ -69,13 +61,3 @@ async def _follow(cfg: Config, run: str, urls: tuple[str, ...]) -> None:
     served = ", ".join(f"{name} v{version}" for name, version in sorted(follower.served.items())) or "-"
     loads, refused = len(follower.loads), len(follower.refused)
     console.print(f"stopped: {loads} load(s), {refused} refused; serving {served}")
-
-
-async def follow_engines(cfg: Config, run: str, urls: Sequence[str], stop: asyncio.Event) -> WeightsFollower:
-    """Follow `run`'s weights into the engines at `urls` until `stop` is set; the follower, for its counts."""
-    async with http_targets(urls, cfg.follow) as targets:
-        follower = WeightsFollower(
-            cfg.kafka, cfg.topics, run, targets, sync_every=cfg.trainer.sync_every, settings=cfg.follow
-        )
-        await follower.run(stop)
-    return follower

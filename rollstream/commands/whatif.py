@@ -5,9 +5,9 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from rollstream.commands.common import ConfigPath, Overrides, console, fail, read_config
-from rollstream.commands.replay import load_run, policies
-from rollstream.commands.tail import figure_rows
+from rollstream.command_line import ConfigPath, Overrides, console, fail, read_config
+from rollstream.recorded_runs import load_run, policies
+from rollstream.tail_table import figure_rows
 from streams.policies import cut_limits, explicit_policy_keys
 from streams.whatif import what_if
 

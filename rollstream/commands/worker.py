@@ -12,7 +12,7 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from rollstream.commands.common import ConfigPath, Overrides, console, read_config
+from rollstream.command_line import ConfigPath, Overrides, console, read_config
 from streams.app import StreamWorker, WorkerStats
 from streams.heartbeat import start_heartbeat
 

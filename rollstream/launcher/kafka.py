@@ -28,7 +28,6 @@ from rollstream.launcher.kafka_files import Layout, Node
 from rollstream.launcher.process import (
     LauncherError,
     clear_stale,
-    file_lock,
     is_running,
     kill_now,
     live_pid,
@@ -38,6 +37,7 @@ from rollstream.launcher.process import (
     start_detached,
     stop_processes,
 )
+from sandboxes.file_lock import file_lock
 
 logger = logging.getLogger(__name__)
 

@@ -21,17 +21,17 @@ from typing import TypeVar
 import httpx
 import typer
 
-from rollstream.commands.common import ConfigPath, Overrides, fail, read_config
+from rollstream.command_line import ConfigPath, Overrides, fail, read_config
 from rollstream.config import Config
 from rollstream.launcher.process import (
     LauncherError,
-    file_lock,
     is_running,
     live_pid,
     log_tail,
     start_detached,
     stop_processes,
 )
+from sandboxes.file_lock import file_lock
 from sandboxes.image import ImageBuildError, ImageReport
 from sandboxes.image import ensure_image as build_and_import
 

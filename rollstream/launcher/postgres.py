@@ -24,7 +24,8 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from rollstream.config import Config
-from rollstream.launcher.process import LauncherError, file_lock, log_tail, port_in_use
+from rollstream.launcher.process import LauncherError, log_tail, port_in_use
+from sandboxes.file_lock import file_lock
 
 SERVER_SETTINGS = {
     "listen_addresses": "'127.0.0.1'",

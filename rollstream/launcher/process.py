@@ -7,12 +7,11 @@ counts as gone (our own children are reaped on the way)."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import random
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -204,15 +203,3 @@ def log_tail(log_file: Path, lines: int = 25) -> str:
     except FileNotFoundError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:])
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive lock across processes (several test sessions may start a service at once)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -15,20 +15,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
 import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
+from rollstream.report.pyplot import OUTCOME_COLOURS, plt
 from streams.events import Event
-
-OUTCOME_COLOURS = {
-    "resolved": "#2e7d32",
-    "unresolved": "#9e9e9e",
-    "truncated": "#ef6c00",
-    "infra_error": "#c62828",
-}
 
 
 @dataclass(frozen=True)

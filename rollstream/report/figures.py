@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rollstream.report.histogram import histogram
 from rollstream.report.queries import (
     INFRA_PREFIX,
     TRAJECTORY_PARTS,
@@ -147,7 +148,7 @@ def heldout_pass1(evaluations: list[EvalRow]) -> Figure:
 
 def turns_histogram(turns: list[tuple[int, int]], settings: ReportSettings) -> Figure:
     total = sum(n for _, n in turns)
-    centres, counts, width = _histogram(
+    centres, counts, width = histogram(
         [float(t) for t, _ in turns], [float(n) for _, n in turns], settings.max_turn_bins, integer=True
     )
     values = [t for t, n in turns for _ in range(n)]
@@ -342,7 +343,7 @@ def stability(steps: list[StepRow]) -> Figure:
 
 
 def cap_waits(waits: list[float], settings: ReportSettings) -> Figure:
-    centres, counts, width = _histogram(waits, [1.0] * len(waits), settings.wait_bins, integer=False)
+    centres, counts, width = histogram(waits, [1.0] * len(waits), settings.wait_bins, integer=False)
     notes = []
     if waits:
         p90 = float(np.quantile(waits, 0.9, method="inverted_cdf"))
@@ -380,26 +381,3 @@ def figures(rows: RunRows, settings: ReportSettings) -> list[Figure]:
 def _family_rank(outcome: str) -> int:
     name = family(outcome)
     return FAMILY_ORDER.index(name) if name in FAMILY_ORDER else len(FAMILY_ORDER)
-
-
-def _histogram(
-    values: list[float], weights: list[float], max_bins: int, *, integer: bool
-) -> tuple[list[float], list[float], float]:
-    """(bin centres, weighted counts, bin width); integer values get whole-number bins."""
-    if not values:
-        return [], [], 1.0
-    low, high = min(values), max(values)
-    if integer:
-        width = float(max(1, int(np.ceil((high - low + 1) / max_bins))))
-        edges = np.arange(low - 0.5, high + 0.5 + width, width)
-    else:
-        span = high - low
-        width = span / max_bins if span > 0 else max(abs(high) * 0.1, 1e-3)
-        edges = (
-            np.arange(max_bins + 1) * width + low
-            if span > 0
-            else np.array([low - width / 2, low + width / 2])
-        )
-    counts, edges = np.histogram(values, bins=edges, weights=weights)
-    centres = (edges[:-1] + edges[1:]) / 2
-    return [float(c) for c in centres], [float(c) for c in counts], float(width)

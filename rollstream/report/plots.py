@@ -10,21 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
 from rollstream.report.figures import Figure, family
+from rollstream.report.pyplot import OUTCOME_COLOURS, plt
 from rollstream.report.settings import ReportSettings
 
-OUTCOME_COLOURS = {
-    "resolved": "#2e7d32",
-    "unresolved": "#9e9e9e",
-    "truncated": "#ef6c00",
-    "infra_error": "#c62828",
-}
 PALETTE = ("#3949ab", "#00897b", "#f9a825", "#8e24aa", "#6d4c41", "#e53935", "#757575")
 LINE_STYLES: tuple[dict[str, Any], ...] = (
     {"marker": "o", "markersize": 5, "linestyle": "-"},

@@ -15,8 +15,8 @@ from agents.evaluate import AttemptResult, EvalInfraError, evaluate, pass_at_1
 from agents.event_sink import KafkaEventSink
 from agents.expert import ExpertPolicy
 from agents.submit import limits_of
-from rollstream.commands.rollout import episode_services
 from rollstream.config import Config
+from rollstream.rollout_services import episode_services
 from sandboxes.backends import make_factory
 from sandboxes.pool import SandboxPool
 from sandboxes.tasks.family import write_family

@@ -17,10 +17,11 @@ import pytest
 from agents.chat import ChatFormat
 from agents.engine.faults import FaultyEngineClient, make_client
 from agents.episode import EpisodeSpec
-from agents.rollout import RolloutWorker, TaskCatalog, WorkerSettings
+from agents.rollout import RolloutWorker
 from agents.submit import TaskRef, run_requests, submit_requests
-from rollstream.commands.rollout import episode_services
+from agents.worker_setup import TaskCatalog, WorkerSettings
 from rollstream.config import Config
+from rollstream.rollout_services import episode_services
 from sandboxes.backends import make_factory
 from sandboxes.faults import FaultySandboxFactory
 from sandboxes.pool import SandboxPool

@@ -25,13 +25,7 @@ from rollstream.commands import replay
 from rollstream.config import Config
 from streams.events import Event
 from streams.store import open_readonly
-from tests.agents.test_rollout_worker import (  # noqa: F401  (module fixtures: the engine and its model)
-    engine_url,
-    model_dir,
-    one_task_root,
-    read_events,
-    run_killed_and_rerun,
-)
+from tests.agents.rollout_worker_process import read_events, run_killed_and_rerun
 from tests.store.expect import assert_projections, scalar
 from tests.store.sinkrun import run_sink_until_idle
 
@@ -80,9 +74,9 @@ def replay_datasets(config: Config, url: str, out: Path, from_db: bool) -> dict[
 
 def test_store_after_a_killed_worker_equals_the_topics(
     config_factory: Callable[..., Config],
-    one_task_root: Path,  # noqa: F811
-    engine_url: str,  # noqa: F811
-    model_dir: Path,  # noqa: F811
+    one_task_root: Path,
+    engine_url: str,
+    model_dir: Path,
     sqlite_url: str,
     pg_url: str,
     tmp_path: Path,

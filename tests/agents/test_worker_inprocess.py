@@ -13,9 +13,10 @@ from agents.chat import ChatFormat
 from agents.episode import EpisodeServices, EpisodeSpec
 from agents.finished_log import finished_since
 from agents.identity import group_id, trajectory_id
-from agents.rollout import RolloutWorker, TaskCatalog, WorkerSettings
+from agents.rollout import RolloutWorker
 from agents.scripted import ScriptedPolicy
 from agents.submit import run_requests, submit_requests
+from agents.worker_setup import TaskCatalog, WorkerSettings
 from bench.rollout_sim import make_task_root
 from rollstream.config import Config
 from sandboxes.base import Sandbox

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agents.engine.engine import ContextLengthError, EngineRefusal, QueueFullError
+from agents.engine.errors import ContextLengthError, EngineRefusal, QueueFullError
 from agents.engine.protocol import SamplingParams
 from tests.engine.conftest import EngineFactory, wait_until
 from trainer.checkpoint import load_model
@@ -230,7 +230,7 @@ def test_length_buckets_bound_the_padding_of_one_long_request(model_dir: Path) -
 def test_a_failing_step_fails_its_requests_and_the_engine_keeps_serving(
     make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agents.engine.engine import EngineFailure
+    from agents.engine.errors import EngineFailure
 
     engine = make_engine()
 

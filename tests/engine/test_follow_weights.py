@@ -29,8 +29,8 @@ from agents.engine.follow import (
 from agents.engine.protocol import SamplingParams
 from agents.settings import FollowSettings
 from rollstream.commands.weights import app as weights_app
-from rollstream.commands.weights import follow_engines
 from rollstream.config import Config, load_config
+from rollstream.weights_follow import follow_engines
 from streams.bus import EventProducer
 from tests.engine.conftest import EngineFactory
 from tests.engine.test_cli import flat, free_port

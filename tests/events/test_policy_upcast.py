@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.eventgen import sample_event
+from streams.eventgen import sample_event
 from streams.events import DecodeError, decode_event, encode_event
 from streams.payloads import GroupFormed, TrajectoryAssembled
 from streams.settings import PolicySettings

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from bench.eventgen import AttemptSpec, trajectory_events
+from streams.eventgen import AttemptSpec, trajectory_events
 from streams.events import Event, decode_event, encode_event
 from streams.fast_decode import decode_event_fast
 from streams.outcomes import Outcome

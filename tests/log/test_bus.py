@@ -10,9 +10,9 @@ from collections import defaultdict
 import pytest
 from aiokafka import ConsumerRecord
 
-from bench.eventgen import sample_event
 from rollstream.config import Config
 from streams.bus import Consumed, EventConsumer, EventProducer, read_topic
+from streams.eventgen import sample_event
 from streams.events import PAYLOADS, ROLLOUT_EVENT_TYPES, DecodeError, Event, decode_event, encode_event
 from streams.fast_decode import decode_event_fast
 

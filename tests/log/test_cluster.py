@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from bench.eventgen import sample_event
 from rollstream.config import Config, load_config
 from rollstream.launcher import kafka
 from streams.bus import EventProducer, read_topic
+from streams.eventgen import sample_event
 from streams.topics import create_topics, topic_name
 
 BROKERS = 3

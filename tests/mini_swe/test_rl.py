@@ -19,7 +19,7 @@ import pytest
 from agents.submit import run_requests, submit_requests, task_refs
 from rollstream.config import Config
 from rollstream.launcher.process import free_port
-from rollstream.pipeline import Pipeline
+from rollstream.supervisor import Supervisor
 from sandboxes.tasks.family import write_family
 from streams.bus import read_topic
 from streams.events import Event
@@ -44,7 +44,9 @@ SETTINGS = (
 )
 
 
-def wait_until(condition: Callable[[], bool], what: str, pipeline: Pipeline, timeout: float = 600.0) -> None:
+def wait_until(
+    condition: Callable[[], bool], what: str, pipeline: Supervisor, timeout: float = 600.0
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         pipeline.check_alive()
@@ -80,7 +82,7 @@ def test_rl_on_mini_swe_agent_groups_publishes_a_version_the_engine_follows(
         f'model.path="{model}"',
         *SETTINGS,
     ]
-    with Pipeline(tmp_path / "logs", [a for s in sets for a in ("--set", s)]) as pipeline:
+    with Supervisor(tmp_path / "logs", [a for s in sets for a in ("--set", s)], restart=False) as pipeline:
         engine = ["engine", "serve", "--model", str(model), "--port", str(port), "--context-length", "8192"]
         pipeline.start("engine", [*engine, "--follow-weights", RUN])
         pipeline.start("worker", ["worker"])

@@ -25,8 +25,9 @@ from agents.engine.protocol import SamplingParams
 from agents.engine.server import create_app
 from agents.episode import EpisodeSpec
 from agents.identity import sampling_seed
-from agents.rollout import RolloutWorker, TaskCatalog, WorkerSettings
+from agents.rollout import RolloutWorker
 from agents.submit import run_requests, submit_requests, task_refs
+from agents.worker_setup import TaskCatalog, WorkerSettings
 from rollstream.config import Config
 from sandboxes.tasks.family import write_family
 from streams.assemble import Trajectory, fold_trajectory

@@ -1,4 +1,4 @@
-"""Runs for the report tests, built on `bench.eventgen`: a training run with every figure's data
+"""Runs for the report tests, built on `streams.eventgen`: a training run with every figure's data
 (weight versions whose pass rate rises, infrastructure errors of three kinds, trainer steps
 with their time split, varied sandbox cap waits, per-trajectory time breakdowns) and an
 eval-only run (one version, no trainer steps, no infrastructure errors). Pure and seeded.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from bench.eventgen import NS, AttemptSpec, group_events, weights_event
+from streams.eventgen import NS, AttemptSpec, group_events, weights_event
 from streams.events import Event, make_event
 from streams.outcomes import Outcome
 from streams.payloads import (

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from bench.eventgen import AttemptSpec, group_events
 from rollstream.report.build import write_run_report
 from rollstream.report.queries import OutcomeRow, outcome_rewards
 from rollstream.run_summary import sql_summary
+from streams.eventgen import AttemptSpec, group_events
 from streams.events import Event
 from streams.outcomes import Outcome
 from streams.processor import Emit, StreamProcessor

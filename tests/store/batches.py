@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.eventgen import short_topic
+from streams.eventgen import short_topic
 from streams.events import Event
 from streams.store import StoredEvent, open_store, write_batch
 from streams.store.wire import to_wire

@@ -17,9 +17,9 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer
 from sqlalchemy import Engine, inspect, text
 
-from bench.eventgen import short_topic
 from rollstream.config import Config
 from streams.bus import EventProducer
+from streams.eventgen import short_topic
 from streams.events import Event
 from streams.sink import sink_partitions
 from streams.store import StoreError, open_readonly

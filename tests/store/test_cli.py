@@ -10,9 +10,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from bench.eventgen import generate_events
 from rollstream.commands import db as db_commands
 from rollstream.commands.sql import command as sql_command
+from streams.eventgen import generate_events
 from streams.store import open_readonly
 from streams.store.migrate import head_revision
 from streams.store.readonly import WriteRefusedError, check_read_only

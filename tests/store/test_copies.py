@@ -15,7 +15,7 @@ from alembic import command
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect
 
-from bench.eventgen import NS, AttemptSpec, trajectory_events
+from streams.eventgen import NS, AttemptSpec, trajectory_events
 from streams.events import Event
 from streams.outcomes import Outcome
 from streams.replay import RecordedRun, load_from_db, replay

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.eventgen import generate_events
 from rollstream.config import Config
 from streams.bus import read_topic
+from streams.eventgen import generate_events
 from streams.sink import Sink, SinkError
 from streams.store import open_readonly, open_store
 from streams.store.writer import store_offsets

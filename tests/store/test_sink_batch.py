@@ -9,7 +9,7 @@ from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 from pydantic import BaseModel
 
-from bench.eventgen import generate_events
+from streams.eventgen import generate_events
 from streams.events import encode_event
 from streams.sink import split_batch
 from streams.store import StoredEvent

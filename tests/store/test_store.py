@@ -13,7 +13,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import DBAPIError
 
-from bench.eventgen import generate_events
+from streams.eventgen import generate_events
 from streams.store import StoredEvent, load_offsets, open_readonly, open_store, write_batch
 from streams.store.migrate import current_revision, head_revision
 from streams.store.models import Base

@@ -7,7 +7,7 @@ from functools import cache
 
 import pytest
 
-from bench.eventgen import generate_events, sample_event
+from streams.eventgen import generate_events, sample_event
 from streams.events import DecodeError, Event, decode_event, encode_event
 from streams.store.wire import WIRE_PAYLOADS, decode_record, packed_count, packed_min
 

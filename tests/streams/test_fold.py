@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from bench.eventgen import AttemptSpec, trajectory_events
 from streams.assemble import MalformedTrajectory, Pending, Trajectory, check_event, fold_trajectory
+from streams.eventgen import AttemptSpec, trajectory_events
 from streams.outcomes import Outcome
 from streams.payloads import TurnGenerated
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.eventgen import AttemptSpec, trajectory_events
 from streams.assemble import Trajectory, fold_trajectory
+from streams.eventgen import AttemptSpec, trajectory_events
 from streams.groups import advantages, attempts_waiting, form_group
 from streams.outcomes import Outcome
 from streams.settings import PolicySettings

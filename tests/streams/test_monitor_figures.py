@@ -13,7 +13,7 @@ from collections import Counter
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.eventgen import AttemptSpec, group_events, random_attempts
+from streams.eventgen import AttemptSpec, group_events, random_attempts
 from streams.events import Event, encode_event, make_event
 from streams.lifecycle import LifecycleBuffer
 from streams.monitor.exposition import parse_series, render, window_gauges

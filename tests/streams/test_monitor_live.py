@@ -30,11 +30,11 @@ from aiokafka.admin import AIOKafkaAdminClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
 
-from bench.eventgen import group_events, random_attempts
 from rollstream.config import Config
 from rollstream.launcher.process import free_port, log_tail
 from streams.app import StreamWorker
 from streams.bus import EventProducer
+from streams.eventgen import group_events, random_attempts
 from streams.events import Event
 from streams.sink import Sink
 from streams.store import open_store

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from bench.eventgen import NS, AttemptSpec, group_events, synthetic_run, trajectory_events, weights_event
+from streams.eventgen import NS, AttemptSpec, group_events, synthetic_run, trajectory_events, weights_event
 from streams.events import Event
 from streams.outcomes import Outcome
 from streams.payloads import GroupFormed, RolloutAbort, TrajectoryAssembled

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.eventgen import AttemptSpec, group_events, synthetic_run, trajectory_events, weights_event
 from streams.assemble import Trajectory, fold_trajectory
 from streams.datasets import DatasetError, rl_rows, sft_rows, trajectory_rows, write_rows
+from streams.eventgen import AttemptSpec, group_events, synthetic_run, trajectory_events, weights_event
 from streams.outcomes import Outcome
 from streams.payloads import Limits
 from streams.policies import cut_limits, explicit_policy_keys, replay_policy, truncate_events

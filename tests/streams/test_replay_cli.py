@@ -12,11 +12,11 @@ import typer
 from sqlalchemy import text
 from typer.testing import CliRunner
 
-from bench.eventgen import synthetic_run, weights_event
 from rollstream.commands import replay, tail, whatif
 from rollstream.config import Config
 from streams import bus
 from streams.app import StreamWorker
+from streams.eventgen import synthetic_run, weights_event
 from streams.events import Event, encode_event, make_event
 from streams.payloads import GroupFormed
 from streams.settings import PolicySettings

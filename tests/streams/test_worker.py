@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.eventgen import AttemptSpec, group_events, synthetic_run, trajectory_events
 from rollstream.config import Config
 from streams import bus
 from streams.app import StreamWorker
 from streams.bus import EventProducer
+from streams.eventgen import AttemptSpec, group_events, synthetic_run, trajectory_events
 from streams.events import Event
 from streams.outcomes import Outcome
 from streams.payloads import RolloutAbort

@@ -15,7 +15,8 @@ import psutil
 import pytest
 
 from rollstream.config import Config
-from rollstream.supervisor import ProcessExitedError, ProcessStatus, State, Supervisor, SupervisorSettings
+from rollstream.supervisor import ProcessExitedError, ProcessStatus, State, Supervisor
+from rollstream.supervisor_settings import SupervisorSettings
 from tests.process_tree import LeakWatch
 
 FAST = SupervisorSettings(
@@ -101,6 +102,25 @@ def test_a_child_failing_past_max_restarts_is_given_up(kafka_config: Config, tmp
         assert status.restarts == 2 and status.last_exit == 2
         with pytest.raises(ProcessExitedError, match="bad was given up after 2 restarts"):
             sup.check_alive()
+
+
+def test_without_restarts_an_exit_is_reported_at_once_and_never_restarted(
+    kafka_config: Config, tmp_path: Path
+) -> None:
+    """`restart=False` (evaluation, benchmarks): no heartbeat is watched, the first exit fails the run."""
+    settings = FAST.model_copy(update={"health_interval_s": 60.0, "startup_grace_s": 0.5})
+    with Supervisor(tmp_path / "logs", child_args(kafka_config), settings, restart=False) as sup:
+        quiet = sup.start("quiet", ["worker"])  # would be "hung" past the grace if beats were watched
+        sup.start("bad", ["worker", "--no-such-option"])
+        wait_for(lambda: sup.processes["bad"].poll() is not None, "the usage error's exit")
+        # the watcher's next pass is a minute away: check_alive looks itself
+        with pytest.raises(ProcessExitedError, match=r"^bad exited with code 2; last lines of its log"):
+            sup.check_alive()
+        time.sleep(1.0)
+        sup.check_once()
+        assert one(sup, "bad").state is State.FAILED and one(sup, "bad").restarts == 0
+        assert one(sup, "quiet").state is State.RUNNING and quiet.poll() is None
+    assert gone(quiet.pid)
 
 
 def test_stop_ends_every_child_and_what_it_started(kafka_config: Config, tmp_path: Path) -> None:

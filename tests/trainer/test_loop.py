@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-from bench.eventgen.groups import GroupLogSpec, synthetic_groups
 from rollstream.config import Config
 from streams.bus import EventProducer, read_topic
+from streams.eventgen.groups import GroupLogSpec, synthetic_groups
 from streams.groups import is_stale
 from streams.payloads import GroupFormed, TrajectoryAssembled, WeightsPublished
 from tests.trainer.trainer_log import (

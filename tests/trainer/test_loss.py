@@ -9,6 +9,7 @@ import torch
 
 from trainer.loss import (
     Denominators,
+    Ratio,
     aggregate,
     clip_counts,
     effective_sample_size,
@@ -30,7 +31,9 @@ def one_token(ratio: float, advantage: float, tis: float = 1.0, settings: Traine
     logp_old = torch.tensor([[math.log(0.5)]])
     logp = (logp_old + math.log(ratio)).requires_grad_()
     logp_rollout = logp_old - math.log(tis)
-    loss = per_token_loss(logp, logp_old, logp_rollout, torch.tensor([advantage]), ONE, settings)
+    loss = per_token_loss(
+        Ratio.of(logp, logp_old, ONE), logp_old, logp_rollout, torch.tensor([advantage]), ONE, settings
+    )
     loss.sum().backward()
     assert logp.grad is not None
     return float(loss.detach()), float(logp.grad)
@@ -77,7 +80,8 @@ def test_each_clip_acts_exactly_at_its_threshold(ratio: float, advantage: float,
         assert loss == pytest.approx(-ratio * advantage, rel=1e-6)
         assert grad == pytest.approx(-ratio * advantage, rel=1e-6)
     logp_old = torch.tensor([[math.log(0.5)]])
-    low, high = clip_counts(logp_old + math.log(ratio), logp_old, torch.tensor([advantage]), ONE, SETTINGS)
+    ratios = Ratio.of(logp_old + math.log(ratio), logp_old, ONE)
+    low, high = clip_counts(ratios, torch.tensor([advantage]), ONE, SETTINGS)
     assert (low, high) == ((int(clipped), 0) if advantage < 0 else (0, int(clipped)))
 
 

@@ -19,8 +19,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.eventgen.groups import GroupLogSpec
 from rollstream.config import Config
+from streams.eventgen.groups import GroupLogSpec
 from tests.trainer.trainer_log import (
     FAST_TRAINER,
     TINY_MODEL,

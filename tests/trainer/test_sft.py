@@ -6,9 +6,9 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.eventgen.groups import GroupLogSpec
 from rollstream.config import Config
 from streams.datasets import write_rows
+from streams.eventgen.groups import GroupLogSpec
 from tests.trainer.trainer_log import (
     FAST_TRAINER,
     TINY_MODEL,

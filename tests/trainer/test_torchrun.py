@@ -33,10 +33,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bench.eventgen.groups import GroupLogSpec
 from rollstream.config import Config, load_config
 from rollstream.supervisor import Supervisor, SupervisorSettings
 from streams.bus import read_topic
+from streams.eventgen.groups import GroupLogSpec
 from streams.topics import create_topics, delete_topics
 from tests.process_tree import LeakWatch
 from tests.trainer.trainer_log import (

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from typer.testing import Result
 
-from bench.eventgen.groups import GroupLogSpec
 from rollstream.config import Config
+from streams.eventgen.groups import GroupLogSpec
 from tests.trainer.trainer_log import (
     FAST_TRAINER,
     TINY_MODEL,

@@ -8,10 +8,10 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner, Result
 
-from bench.eventgen.groups import GroupLogSpec, synthetic_groups
 from rollstream.commands import train
 from rollstream.config import Config
 from streams.bus import Consumed, EventProducer, read_topic
+from streams.eventgen.groups import GroupLogSpec, synthetic_groups
 from trainer.checkpoint import init_model_dir
 from trainer.versions import version_dir
 

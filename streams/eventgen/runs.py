@@ -1,5 +1,5 @@
 """Episodes and runs as the rollout worker writes them, and a run of every stored type
-(see `bench.eventgen`). Pure: times come from the arguments, randomness from seeds."""
+(see `streams.eventgen`). Pure: times come from the arguments, randomness from seeds."""
 
 from __future__ import annotations
 

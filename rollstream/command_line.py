@@ -1,7 +1,15 @@
-"""What every command shares: the `--config`/`--set` options and error reporting."""
+"""What every command shares: the `--config`/`--set` options, reading the config, the model directory
+check, the console and error reporting.
+
+A library module (it was `rollstream/commands/common.py`): commands, the launchers, the run's
+progress and summary and the benchmarks import it; it imports no command.
+"""
 
 from __future__ import annotations
 
+import time
+import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -27,6 +35,17 @@ def read_config(path: Path | None, overrides: list[str] | None) -> Config:
         return load_config(path, overrides or [])
     except ConfigError as error:
         fail(str(error), code=2)
+
+
+def config_args(config: Path | None, overrides: Sequence[str] | None) -> list[str]:
+    """The `--config FILE --set KEY=VALUE ...` arguments that give a child process our config."""
+    sets = [arg for item in overrides or [] for arg in ("--set", item)]
+    return [*(["--config", str(config)] if config else []), *sets]
+
+
+def new_run_id(kind: str) -> str:
+    """A fresh run id, `KIND-YYYYmmdd-HHMMSS-xxxxxx`: sorts by start time, unique across processes."""
+    return f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

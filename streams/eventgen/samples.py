@@ -1,4 +1,4 @@
-"""One plausible event of any type, deterministic from (kind, index, tokens) (see `bench.eventgen`)."""
+"""One plausible event of any type, deterministic from (kind, index, tokens) (see `streams.eventgen`)."""
 
 from __future__ import annotations
 

@@ -44,41 +44,14 @@ def synthetic_groups(spec: GroupLogSpec) -> list[tuple[str, Event]]:
     out: list[tuple[str, Event]] = []
     for index in range(spec.groups):
         group_id = f"{spec.run_id}-g{index:04d}"
-        time_ns = spec.start_ns + index * spec.spacing_ns
         version = 0 if index in spec.stale_groups else int(index * spec.versions_per_group)
-        dropped = (
-            bool(spec.zero_variance_every)
-            and index % spec.zero_variance_every == spec.zero_variance_every - 1
-        )
-        rewards = (
-            [1.0] * spec.group_size
-            if dropped
-            else [float(rng.random() < 0.5) for _ in range(spec.group_size)]
-        )
-        if not dropped and len(set(rewards)) == 1:
-            rewards[0] = 1.0 - rewards[0]  # kept groups need variance
+        rewards, dropped = _rewards(spec, rng, index)
         members = []
         for attempt, reward in enumerate(rewards):
             trajectory_id = f"{group_id}-a{attempt}"
             members.append(trajectory_id)
             data = _trajectory(spec, rng, attempt, reward, version)
-            out.append(
-                (
-                    "trajectories",
-                    make_event(
-                        data,
-                        run_id=spec.run_id,
-                        seq=0,
-                        time_ns=time_ns,
-                        source="synthetic",
-                        group_id=group_id,
-                        trajectory_id=trajectory_id,
-                        task_id=f"task-{index}",
-                        policy_version=version,
-                        id_key=f"trajectory:{trajectory_id}",
-                    ),
-                )
-            )
+            out.append(("trajectories", _event(spec, data, index, group_id, version, trajectory_id)))
         group = GroupFormed(
             members=members,
             rewards=rewards,
@@ -87,23 +60,43 @@ def synthetic_groups(spec: GroupLogSpec) -> list[tuple[str, Event]]:
             oldest_version=version,
             policy=policy.model_dump(),
         )
-        out.append(
-            (
-                "groups",
-                make_event(
-                    group,
-                    run_id=spec.run_id,
-                    seq=0,
-                    time_ns=time_ns,
-                    source="synthetic",
-                    group_id=group_id,
-                    task_id=f"task-{index}",
-                    policy_version=version,
-                    id_key=f"group:{group_id}",
-                ),
-            )
-        )
+        out.append(("groups", _event(spec, group, index, group_id, version)))
     return out
+
+
+def _rewards(spec: GroupLogSpec, rng: random.Random, index: int) -> tuple[list[float], bool]:
+    """Group `index`'s rewards and whether it is a recorded zero-variance drop."""
+    every = spec.zero_variance_every
+    dropped = bool(every) and index % every == every - 1
+    if dropped:
+        return [1.0] * spec.group_size, True
+    rewards = [float(rng.random() < 0.5) for _ in range(spec.group_size)]
+    if len(set(rewards)) == 1:
+        rewards[0] = 1.0 - rewards[0]  # kept groups need variance
+    return rewards, False
+
+
+def _event(
+    spec: GroupLogSpec,
+    data: TrajectoryAssembled | GroupFormed,
+    index: int,
+    group_id: str,
+    version: int,
+    trajectory_id: str | None = None,
+) -> Event:
+    """A trajectory's (`trajectory_id` given) or the group's event, at the group's time."""
+    return make_event(
+        data,
+        run_id=spec.run_id,
+        seq=0,
+        time_ns=spec.start_ns + index * spec.spacing_ns,
+        source="synthetic",
+        group_id=group_id,
+        trajectory_id=trajectory_id,
+        task_id=f"task-{index}",
+        policy_version=version,
+        id_key=f"trajectory:{trajectory_id}" if trajectory_id else f"group:{group_id}",
+    )
 
 
 def _trajectory(

@@ -1,4 +1,8 @@
-"""The one generator of events for tests and benchmarks, deterministic from its arguments.
+"""The one generator of events, deterministic from its arguments: for tests, benchmarks and the
+committed example records of the event schemas (`rollstream schemas write`).
+
+It lives beside the event contract it writes (it was `bench/eventgen`, which made the product
+import its benchmarks); it depends on `streams/` only.
 
 Three shapes, for three kinds of caller:
 
@@ -21,7 +25,7 @@ Three shapes, for three kinds of caller:
 Pure: times come from the arguments, randomness from seeds; nothing touches Kafka.
 """
 
-from bench.eventgen.runs import (
+from streams.eventgen.runs import (
     NS,
     AttemptSpec,
     generate_events,
@@ -33,7 +37,7 @@ from bench.eventgen.runs import (
     trajectory_id_of,
     weights_event,
 )
-from bench.eventgen.samples import BENCH_MIX, bench_mix, sample_event, sample_payload
+from streams.eventgen.samples import BENCH_MIX, bench_mix, sample_event, sample_payload
 
 __all__ = [
     "BENCH_MIX",
