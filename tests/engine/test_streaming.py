@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import aiohttp
@@ -30,26 +31,38 @@ async def test_stream_is_the_plain_generation_and_arrives_while_generating(
     make_engine: EngineFactory,
 ) -> None:
     engine = make_engine()
-    params = SamplingParams(max_new_tokens=48, seed=5, temperature=1.0)
+    # long enough that the engine cannot finish between two polls, even on a loaded machine
+    params = SamplingParams(max_new_tokens=1024, seed=5, temperature=1.0)
     prompt = list(range(3, 40))
     async with serving(engine) as url, client(url) as engine_client:
         plain = await engine_client.generate(prompt, params, "plain")
+        generated_before = engine.stats().generated_tokens
         chunks: list[GenerationChunk] = []
-        in_flight_at_first = None
-        final: Generation | None = None
-        async for item in engine_client.generate_stream(prompt, params, "streamed"):
-            if isinstance(item, GenerationChunk):
-                if not chunks:
-                    in_flight_at_first = engine.stats().running + engine.stats().prefilling
+        first_chunk = asyncio.Event()
+
+        async def read_stream() -> Generation:
+            async for item in engine_client.generate_stream(prompt, params, "streamed"):
+                if isinstance(item, Generation):
+                    return item
                 chunks.append(item)
-            else:
-                final = item
-    assert final is not None and final.output_ids == plain.output_ids
+                first_chunk.set()
+            raise AssertionError("the stream ended without its result")
+
+        reader = asyncio.create_task(read_stream())
+        # Hold the engine mid-generation: whatever reaches the client while it is held was
+        # sent before the generation ended (timing alone would race on a loaded machine).
+        await wait_for(lambda: engine.stats().generated_tokens > generated_before, "the first streamed token")
+        engine.pause()
+        await asyncio.wait_for(first_chunk.wait(), 60)
+        assert engine.stats().running == 1 and not reader.done(), "the generation ended before it was held"
+        streamed_while_held = sum(len(c.output_ids) for c in chunks)
+        engine.resume()
+        final = await asyncio.wait_for(reader, 120)
+    assert 0 < streamed_while_held < len(plain.output_ids)
+    assert final.output_ids == plain.output_ids
     assert final.output_logprobs == plain.output_logprobs
     assert [t for c in chunks for t in c.output_ids] == list(plain.output_ids)
     assert len(chunks) > 1, "the answer came in one piece"
-    assert in_flight_at_first == 1, "the first chunk arrived only after the generation ended"
-    assert len(chunks[0].output_ids) < len(plain.output_ids)
 
 
 async def test_top_logprobs_are_the_sampling_distributions_alternatives(make_engine: EngineFactory) -> None:
