@@ -39,7 +39,7 @@ from streams.heartbeat import mark_rank_start, start_heartbeat
 from trainer.backends import TorchBackend, TrainBackend
 from trainer.checkpoint import load_model
 from trainer.checkpoint import read_config as read_model_config
-from trainer.distributed import World, close_world, init_world, wake_peers
+from trainer.distributed import World, close_world, exit_finished_rank, init_world, wake_peers
 from trainer.loop import RlTrainer, RunTarget, TrainerState
 from trainer.publish import remove_temp_dirs, run_weights_dir
 from trainer.rank_group import Channel, LeaderBackend, follow
@@ -124,6 +124,8 @@ def command(
         raise
     finally:
         close_world(world)
+    if world.size > 1:
+        exit_finished_rank()
 
 
 def _exec_torchrun(cfg: Config, ranks: int, args: TrainArgs) -> None:
