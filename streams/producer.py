@@ -7,7 +7,8 @@ and returns at once; a batch goes to aiokafka when it is full, holds
 aiokafka whole batches skips its per-record send path. The linger loop sleeps while no batch
 is open, so an idle producer costs no wake-ups (a gateway or worker waiting on engines). `flush` waits until
 everything sent is acked and raises the first delivery error; `send_and_wait`
-returns once that event is acked. Records of one partition keep their send order.
+returns once that event is acked. Records of one partition keep their send order. A partition
+whose queue stays full (a broker slow to ack) makes `send` wait, up to `kafka.max_block_ms`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
 
 from streams.aiokafka_private import BatchBuilder
@@ -175,12 +176,29 @@ class EventProducer:
         self._handing.add(batch)
         try:
             if batch.builder.record_count():
-                batch.delivery = await self._producer.send_batch(batch.builder, topic, partition=partition)
+                batch.delivery = await self._hand_over(batch.builder, topic, partition)
                 self._inflight.add(batch.delivery)
                 batch.delivery.add_done_callback(self._delivered)
         finally:
             self._handing.discard(batch)
             batch.handed_over.set()
+
+    async def _hand_over(self, builder: BatchBuilder, topic: str, partition: int) -> asyncio.Future[Any]:
+        """Give a batch to aiokafka, waiting up to `kafka.max_block_ms` for room in its queue.
+
+        aiokafka gives up after `request_timeout_ms` (and counts the wait down faster than it
+        passes), leaving the batch with us: a broker that is slow to ack on a loaded machine is
+        back-pressure, not a failed delivery, so hand the same batch over again."""
+        deadline = time.monotonic() + self._kafka.max_block_ms / 1000
+        while True:
+            try:
+                return await self._producer.send_batch(builder, topic, partition=partition)
+            except KafkaTimeoutError as error:
+                if time.monotonic() >= deadline:
+                    raise BusError(
+                        f"{topic}[{partition}] had no room for {self._kafka.max_block_ms} ms: the broker "
+                        f"is not acking (down or overloaded?); raise kafka.max_block_ms to wait longer"
+                    ) from error
 
     def _delivered(self, future: asyncio.Future[Any]) -> None:
         self._inflight.discard(future)

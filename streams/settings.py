@@ -23,6 +23,12 @@ class KafkaSettings(Frozen):
     max_request_size: int = 8_388_608
     compression: Literal["zstd", "gzip", "lz4", "none"] = "zstd"
     request_timeout_ms: int = 40_000
+    max_block_ms: int = Field(
+        default=120_000,
+        gt=0,
+        description="producer: how long a send may wait for room in a partition's queue while the broker "
+        "is slow to ack (Kafka's max.block.ms) before it fails with BusError",
+    )
     fetch_max_bytes: int = Field(default=52_428_800, description="consumer: most bytes per fetch")
     max_partition_fetch_bytes: int = Field(default=10_485_760, description="consumer: per partition")
     producer_batch_records: int = Field(

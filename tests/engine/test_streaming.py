@@ -11,16 +11,41 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
 
 import aiohttp
 
+from agents.engine.batch import EngineResult, TokenEvent, TokenListener
 from agents.engine.client import EngineClient
+from agents.engine.engine import Engine
 from agents.engine.protocol import Generation, GenerationChunk, SamplingParams
 from agents.engine.stream_reader import StreamAccumulator
 from agents.settings import ClientSettings
 from tests.engine.conftest import EngineFactory
 from tests.engine.test_server import TIMEOUT, serving, wait_for
+
+
+def hold_after_first_token(engine: Engine) -> None:
+    """Make the engine pause itself, from its scheduler thread, once the first streamed token
+    of the next streaming request is sampled (the streaming listener is wrapped, nothing else)."""
+    submit = engine.submit
+
+    def submit_holding(
+        rid: str, input_ids: list[int], params: SamplingParams, listener: TokenListener | None = None
+    ) -> concurrent.futures.Future[EngineResult]:
+        if listener is None:
+            return submit(rid, input_ids, params)
+        inner = listener
+
+        def pause_then_listen(event: TokenEvent) -> None:
+            if event.index == 0:
+                engine.pause()  # the scheduler finishes this step, then waits for resume
+            inner(event)
+
+        return submit(rid, input_ids, params, pause_then_listen)
+
+    engine.submit = submit_holding  # type: ignore[method-assign]
 
 
 def client(url: str) -> EngineClient:
@@ -31,12 +56,11 @@ async def test_stream_is_the_plain_generation_and_arrives_while_generating(
     make_engine: EngineFactory,
 ) -> None:
     engine = make_engine()
-    # long enough that the engine cannot finish between two polls, even on a loaded machine
-    params = SamplingParams(max_new_tokens=1024, seed=5, temperature=1.0)
+    params = SamplingParams(max_new_tokens=64, seed=5, temperature=1.0)
     prompt = list(range(3, 40))
     async with serving(engine) as url, client(url) as engine_client:
         plain = await engine_client.generate(prompt, params, "plain")
-        generated_before = engine.stats().generated_tokens
+        hold_after_first_token(engine)
         chunks: list[GenerationChunk] = []
         first_chunk = asyncio.Event()
 
@@ -49,12 +73,13 @@ async def test_stream_is_the_plain_generation_and_arrives_while_generating(
             raise AssertionError("the stream ended without its result")
 
         reader = asyncio.create_task(read_stream())
-        # Hold the engine mid-generation: whatever reaches the client while it is held was
-        # sent before the generation ended (timing alone would race on a loaded machine).
-        await wait_for(lambda: engine.stats().generated_tokens > generated_before, "the first streamed token")
-        engine.pause()
+        # The engine holds itself right after the first streamed token: whatever reaches the
+        # client while it is held was sent before the generation ended (polling from here would
+        # race the scheduler thread on a loaded machine).
         await asyncio.wait_for(first_chunk.wait(), 60)
-        assert engine.stats().running == 1 and not reader.done(), "the generation ended before it was held"
+        # the chunk can arrive while the scheduler still finishes the step that paused it
+        await wait_for(lambda: engine.stats().running == 1, "the held generation to sit in the decode batch")
+        assert not reader.done(), "the generation ended while it was held"
         streamed_while_held = sum(len(c.output_ids) for c in chunks)
         engine.resume()
         final = await asyncio.wait_for(reader, 120)

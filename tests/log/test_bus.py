@@ -1,11 +1,14 @@
-"""The bus against the real broker: every event type round-trips, large turns fit,
-bad records are dead-lettered with their coordinates while good ones keep flowing."""
+"""The bus against the real broker: every event type round-trips, large turns fit, a busy
+partition is back-pressure rather than a failed delivery, bad records are dead-lettered with
+their coordinates while good ones keep flowing."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections import defaultdict
+from collections.abc import Callable
 
 import pytest
 from aiokafka import ConsumerRecord
@@ -15,6 +18,7 @@ from streams.bus import Consumed, EventConsumer, EventProducer, read_topic
 from streams.eventgen import sample_event
 from streams.events import PAYLOADS, ROLLOUT_EVENT_TYPES, DecodeError, Event, decode_event, encode_event
 from streams.fast_decode import decode_event_fast
+from streams.topics import create_topics
 
 PER_TYPE = 10_000
 TOPIC_OF = {kind: "rollout.events" for kind in ROLLOUT_EVENT_TYPES} | {
@@ -91,6 +95,31 @@ def _assert_key_order(consumed: list[Consumed]) -> None:
         ordered = sorted(items, key=lambda item: (item.partition, item.offset))
         if items[0].event.group_id is not None:
             assert [item.event.seq for item in ordered] == sorted(item.event.seq for item in ordered)
+
+
+async def test_a_busy_partition_is_back_pressure_not_a_failed_delivery(
+    config_factory: Callable[..., Config],
+) -> None:
+    """A hundred senders on one partition queue behind each other longer than aiokafka's
+    `request_timeout_ms` allows for room in the queue (and it counts that wait down faster than
+    it passes); the producer waits up to `kafka.max_block_ms` instead of failing a delivery."""
+    config = config_factory(
+        "kafka.request_timeout_ms=3000", "kafka.producer_batch_records=1", create_topics=False
+    )
+    await create_topics(config.kafka, config.topics)
+    senders, per_sender = 100, 5
+    events = [sample_event("turn.generated", i, tokens=4) for i in range(senders * per_sender)]
+    one_key = [event.model_copy(update={"group_id": "one-group"}) for event in events]
+
+    async def send_share(share: list[Event]) -> None:
+        for event in share:
+            await producer.send("rollout.events", event)
+
+    async with EventProducer(config.kafka, config.topics) as producer:
+        await asyncio.gather(*(send_share(one_key[i::senders]) for i in range(senders)))
+    got = await read_topic(config.kafka, config.topics, "rollout.events")
+    assert len({c.partition for c in got}) == 1
+    assert sorted(c.event.id for c in got) == sorted(e.id for e in one_key)
 
 
 async def test_turn_with_8192_tokens_fits(kafka_config: Config) -> None:
