@@ -87,7 +87,7 @@ def test_rl_on_mini_swe_agent_groups_publishes_a_version_the_engine_follows(
         pipeline.start("engine", [*engine, "--follow-weights", RUN])
         pipeline.start("worker", ["worker"])
         pipeline.start("rollout", ["rollout", "--tasks", str(tasks), "--engine", url, "--model", str(model)])
-        pipeline.start("trainer", ["train", "--run", RUN, "--steps", "1"])
+        pipeline.start("trainer", ["train", "--run", RUN, "--steps", "1"], completes=True)
         requests = run_requests(RUN, task_refs(tasks), 2, LIMITS)
         asyncio.run(submit_requests(config.kafka, config.topics, requests))
         wait_until(lambda: served_version(url) == "1", "the engine to load version 1", pipeline)
@@ -100,6 +100,7 @@ def test_rl_on_mini_swe_agent_groups_publishes_a_version_the_engine_follows(
         asyncio.run(submit_requests(config.kafka, config.topics, later))
         later_ids = {e.trajectory_id for e in later}
         wait_until(lambda: any(later_turns(config, later_ids)), "an episode on version 1", pipeline)
+        wait_until(lambda: pipeline.done("trainer"), "the one-step trainer to exit 0", pipeline)
     assert len(groups) >= 2 and all(g.dropped is None and len(g.members) == 2 for g in groups.values())
     assert steps and steps[0].version == 1 and steps[0].trajectories == 4
     assert set(steps[0].group_ids) <= set(groups)  # it trained on the mini-swe-agent groups
