@@ -5,7 +5,8 @@ already holds more groups than it consumes (groups arrive faster than it trains)
 with its member trajectories on `trajectories`: ordering, joining, judging, the
 step, writing and checksumming each version, and the events. Plain path: the
 same model init, loss and optimizer (`trainer.step.rl_step`) over the same
-batches, built in memory before timing. The first step of each path is a warm-up
+batches, built in memory before timing. Both run their torch work on the one compute thread
+(`trainer.compute_thread`), as `rollstream train` does. The first step of each path is a warm-up
 and not timed; our time is wall time between the first and the last step's
 `trainer.steps` events, the shares are the phases' sums over those steps. Rounds
 alternate ours/plain; medians are reported. Last line: `{"tokens_per_s",
@@ -47,6 +48,7 @@ from trainer.backends import TorchBackend
 from trainer.batch import TrainSample, samples_of
 from trainer.checkpoint import init_model_dir, load_model
 from trainer.checkpoint import read_config as read_model_config
+from trainer.compute_thread import run_on_compute
 from trainer.loop import RlTrainer, RunTarget, TrainerState
 from trainer.lora import apply_lora
 from trainer.step import make_optimizer, rl_step
@@ -106,7 +108,7 @@ async def _ours(cfg: Config, base: Path, records: list[tuple[str, Event]], steps
             for topic, event in records:
                 await producer.send(topic, event)
         with tempfile.TemporaryDirectory(prefix="bench-trainer-") as scratch:
-            model = load_model(base)
+            model = run_on_compute(load_model, base)
             target = RunTarget(
                 RUN,
                 base,
@@ -121,7 +123,7 @@ async def _ours(cfg: Config, base: Path, records: list[tuple[str, Event]], steps
                 cfg.trainer,
                 max_staleness=-1,
                 target=target,
-                backend=TorchBackend(model, cfg.trainer, lr=cfg.trainer.lr),
+                backend=run_on_compute(TorchBackend, model, cfg.trainer, lr=cfg.trainer.lr),
                 state=TrainerState(0, 0),
                 max_steps=steps,
             )
@@ -213,7 +215,7 @@ def command(
                 ours.append(asyncio.run(_ours(cfg, base, records, steps)))
             peaks["ours"].append(peak.peak_mb)
             with PeakRss() as peak:
-                plain.append(_plain(cfg, base, batches, steps))
+                plain.append(run_on_compute(_plain, cfg, base, batches, steps))  # where ours steps
             peaks["plain"].append(peak.peak_mb)
             console.print(
                 f"round {round_no}: trainer {ours[-1]['tokens_per_s']:,.0f} tokens/s, "

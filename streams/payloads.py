@@ -287,7 +287,16 @@ class StepTimes(BaseModel):
         ge=0,
         description="of logprob_s + update_s: inside data-parallel collectives (CPU ranks; 0 at one rank)",
     )
-    publish_s: float = Field(default=0.0, ge=0, description="writing, hashing and announcing the version")
+    publish_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="on the step's path: waiting for the version before to be out, then taking the weights",
+    )
+    publish_background_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="writing, hashing and announcing the version, beside the next step (not in total_s)",
+    )
     total_s: float = Field(default=0.0, ge=0)
 
 

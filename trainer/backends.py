@@ -9,7 +9,7 @@ speaks Hugging Face parameter names at its edges, so versions load in any engine
         state_kind: str                                           # what its saved state fits
         def rl_step(self, samples: Sequence[TrainSample]) -> StepMetrics: ...
         def sft_step(self, sequences: Sequence[SftSequence]) -> StepMetrics: ...
-        def hf_state_dict(self) -> dict[str, torch.Tensor]: ...   # fp32, CPU, HF names; on rank 0
+        def hf_state_dict(self) -> dict[str, torch.Tensor]: ...   # fp32 CPU copy, HF names; rank 0
         def save_state(self, directory: Path) -> list[dict]: ...  # model + optimizer; RNG per rank
         def load_state(self, directory: Path, rng: Sequence[dict]) -> None: ...
 
@@ -103,13 +103,15 @@ class TorchBackend:
         return sft_step(self.model, self.optimizer, sequences, self.settings, self.device, self.ranks)
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """fp32 CPU weights under HF names, adapters merged; at world N gathered on rank 0 ({} elsewhere)."""
+        """fp32 CPU weights under HF names, adapters merged; at world N gathered on rank 0 ({} elsewhere).
+        A copy: the trainer writes it while the next step updates the model (under LoRA the merged
+        weights are new tensors and the rest is the frozen base)."""
         state = self._full_state()
         if state is None:
             return {}
         if self.lora:
             return merge_lora_state(state, self.settings.lora.alpha / self.settings.lora.rank)
-        return {name: t.detach().float().cpu().contiguous() for name, t in state.items()}
+        return {name: _fp32_copy(t) for name, t in state.items()}
 
     def _full_state(self) -> dict[str, torch.Tensor] | None:
         if self.ranks.size == 1:
@@ -195,3 +197,7 @@ def restore_rng_states(states: dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _fp32_copy(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to("cpu", torch.float32, copy=True).contiguous()

@@ -10,10 +10,11 @@ A model directory is what `transformers` and SGLang load: `config.json`, the wei
   else is refused naming the field); `check_model_dir(path)` checks everything a run needs
   (config, every shard, tokenizer, chat template) before any process starts.
 - `load_model(path, dtype)` builds the `PolicyModel` and loads its weights, in fp32 unless told.
-- `save_version_weights(tensors, config, base_dir, out_dir, version)` writes a complete directory
+- `save_version_weights(weights, config, base_dir, out_dir, version)` writes a complete directory
   for a new weight version with the base's layout: its config.json (architecture, tying, dtype)
   with the new version, every side file copied, the weights in the base's dtype, a tied output
-  layer left out as `save_pretrained` does. One `model.safetensors` whatever the base's sharding.
+  layer left out as `save_pretrained` does. One `model.safetensors` whatever the base's sharding;
+  its bytes (`version_weights`) are made apart from the writing, the torch work of a save.
 - `init_model_dir(settings, path)` creates our own small random model (tokenizer trained here).
 
 Writes are atomic (temp file, then rename), so an engine reloading a directory never sees half
@@ -32,7 +33,7 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save as safetensors_bytes
 
 from trainer.hf_config import UnsupportedModelError, model_config_from_hf, stored_dtype
 from trainer.model import ModelConfig, PolicyModel, build_model
@@ -139,20 +140,31 @@ def load_model(path: Path, dtype: torch.dtype = torch.float32) -> PolicyModel:
     return model.to(dtype).eval()
 
 
-def save_weights(
-    tensors: Mapping[str, torch.Tensor], config: ModelConfig, path: Path, dtype: str = "float32"
-) -> None:
-    """Write HF-named tensors as `model.safetensors` in `dtype` (a tied output layer left out)."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+def weights_file(tensors: Mapping[str, torch.Tensor], config: ModelConfig, dtype: str = "float32") -> bytes:
+    """The `model.safetensors` of HF-named tensors in `dtype` (a tied output layer left out), in
+    memory: this is the torch work of a save, so a trainer makes it on its compute thread
+    (`trainer.compute_thread`) and a writer thread only writes the bytes."""
     target = TORCH_DTYPES[dtype]
     out = {
         name: t.detach().to(device="cpu", dtype=target).contiguous()
         for name, t in tensors.items()
         if not (config.tie_word_embeddings and name == "lm_head.weight")
     }
+    return safetensors_bytes(out, metadata={"format": "pt"})
+
+
+def save_weights(
+    tensors: Mapping[str, torch.Tensor], config: ModelConfig, path: Path, dtype: str = "float32"
+) -> None:
+    """Write HF-named tensors as `model.safetensors` in `dtype` (a tied output layer left out)."""
+    write_weights_file(weights_file(tensors, config, dtype), path)
+
+
+def write_weights_file(data: bytes, path: Path) -> None:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
     temp = path / (WEIGHTS_FILE + ".tmp")
-    save_file(out, str(temp), metadata={"format": "pt"})
+    temp.write_bytes(data)
     os.replace(temp, path / WEIGHTS_FILE)
 
 
@@ -166,17 +178,19 @@ def save_model(model: PolicyModel, path: Path, weight_version: int) -> None:
 
 def save_version(model: PolicyModel, base_dir: Path, out_dir: Path, weight_version: int) -> Path:
     """A complete model directory for a new weight version (what `/update_weights_from_disk` loads)."""
-    return save_version_weights(model.state_dict(), model.config, base_dir, out_dir, weight_version)
+    weights = weights_file(model.state_dict(), model.config, read_config(base_dir).dtype)
+    return save_version_weights(weights, model.config, base_dir, out_dir, weight_version)
 
 
 def save_version_weights(
-    tensors: Mapping[str, torch.Tensor],
+    weights: bytes,
     config: ModelConfig,
     base_dir: Path,
     out_dir: Path,
     weight_version: int,
 ) -> Path:
-    """`save_version` for tensors under HF names: the base's side files and config, these weights."""
+    """`save_version` for a `weights_file` made in the base's dtype (`version_weights`): the base's
+    side files and config, these weights. No torch work: a writer thread runs it."""
     base_dir, out_dir = Path(base_dir), Path(out_dir)
     info = read_config(base_dir)
     if config != info.model:
@@ -185,9 +199,14 @@ def save_version_weights(
     for item in sorted(base_dir.iterdir()):
         if item.is_file() and not _is_weights_or_config(item.name):
             shutil.copyfile(item, out_dir / item.name)
-    save_weights(tensors, config, out_dir, info.dtype)
+    write_weights_file(weights, out_dir)
     _write_config(out_dir, info.raw, weight_version)
     return out_dir
+
+
+def version_weights(tensors: Mapping[str, torch.Tensor], config: ModelConfig, base_dir: Path) -> bytes:
+    """The `weights_file` of a new version of `base_dir`: in the base's dtype."""
+    return weights_file(tensors, config, read_config(base_dir).dtype)
 
 
 def _is_weights_or_config(name: str) -> bool:

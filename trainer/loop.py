@@ -8,11 +8,16 @@ the trainer's version means counted, not trained; a kept group is joined with
 its member trajectories by id (both topics are keyed by group id, but the
 trajectory may still be on its way: the trainer reads `trajectories` until the
 members are there, never waiting for a particular rollout to finish). When
-`trainer.groups_per_step` kept groups are in, the backend trains one step, the
-new version is written (`trainer.publish`) and announced on `weights` and
+`trainer.groups_per_step` kept groups are in, the backend trains one step and hands
+a snapshot of its weights to the background publisher (`trainer.background_publish`):
+the new version is written (`trainer.publish`) and announced on `weights` and
 `weights.history`, then the step's metrics go to `trainer.steps`, with what the wait
 before it was for (`trainer.waits`: no next group yet, a group's trajectories not read
-yet, and the machine's CPU use meanwhile). The consumers'
+yet, and the machine's CPU use meanwhile), while the next step collects and trains.
+Versions and step events still go out in order: a step's snapshot is taken only once
+the version before it is out, and a checkpoint is written only once every version up
+to its step is (measured: writing and hashing SmolLM2's 538 MB on the step's path
+cost 0.15 of its time; `bench trainer --model`). The consumers'
 background prefetching is paused while a step trains and publishes (measured: it
 slowed torch's threads on a 2-core machine; `bench trainer`).
 
@@ -38,7 +43,7 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,18 +52,21 @@ from aiokafka import TopicPartition
 
 from streams.bus import EventConsumer, EventProducer
 from streams.events import Event
-from streams.payloads import GroupFormed, StepTimes, TrajectoryAssembled
+from streams.payloads import GroupFormed, TrainerStep, TrajectoryAssembled
 from streams.settings import KafkaSettings, TopicSettings
 from streams.topics import partitions, topic_name
 from trainer.backends import TrainBackend
+from trainer.background_publish import BackgroundPublisher
 from trainer.batch import GroupMismatchError, KeptGroup, StepBatch, samples_of
+from trainer.checkpoint import version_weights
+from trainer.compute_thread import on_compute
 from trainer.intake import TRAIN, TrajectoryBuffer, batch_staleness, judge_group
 from trainer.model import ModelConfig
 from trainer.ordering import PartitionMerger
-from trainer.publish import announce, prune_versions, step_event, write_version
+from trainer.publish import publish_version, step_event
 from trainer.resume import Checkpoint, fresh_state_dir, save_checkpoint
 from trainer.settings import TrainerSettings
-from trainer.step_payload import step_payload
+from trainer.step_payload import step_payload, step_times
 from trainer.waits import WaitClock, WaitSplit
 
 log = logging.getLogger(__name__)
@@ -109,30 +117,6 @@ def save_run_checkpoint(
     )
 
 
-async def publish_version(
-    producer: EventProducer,
-    target: RunTarget,
-    backend: TrainBackend,
-    state: TrainerState,
-    before_rename: Callable[[], None] | None = None,
-    keep: int = 0,
-) -> None:
-    """Write the backend's weights as `state.version` of the run, then announce it (RL and SFT);
-    with `keep` > 0, only the newest `keep` versions of the run stay on disk (`trainer.keep_versions`)."""
-    published = write_version(
-        backend.hf_state_dict(),
-        target.model_config,
-        base_dir=target.base_dir,
-        weights_dir=target.weights_dir,
-        run_id=target.run_id,
-        version=state.version,
-        before_rename=before_rename,
-    )
-    await announce(producer, target.run_id, published, state.step)
-    if keep:
-        prune_versions(target.weights_dir, target.run_id, keep)
-
-
 class RlTrainer:
     """`await trainer.run(stop)`: train until `max_steps` (total) or `stop` is set."""
 
@@ -161,6 +145,7 @@ class RlTrainer:
         self.exhausted: set[int] = set()
         self.seen: Counter[str] = Counter()  # verdicts since the last step
         self.saved_step = state.step
+        self.publisher = BackgroundPublisher()
 
     async def run(self, stop: asyncio.Event) -> TrainerState:
         if self.max_steps is not None and self.state.step >= self.max_steps:
@@ -172,21 +157,34 @@ class RlTrainer:
         ):
             await self._seek(groups, "groups", self.merger.taken_positions())
             await self._seek(trajectories, "trajectories", self.trajectory_positions)
-            while not stop.is_set() and (self.max_steps is None or self.state.step < self.max_steps):
-                clock = WaitClock()
-                batch = await self._collect(stop, groups, trajectories, clock)
-                if batch is None:
-                    break
-                with _paused(groups, trajectories):  # no prefetching beside the update's threads
-                    await self._train(batch, clock.finish(), producer)
-                if self.state.step % self.settings.checkpoint_every == 0:
-                    self.save()
-                self._phase("between")
-        if self.state.step != self.saved_step:
-            self.save()
+            try:
+                await self._steps(stop, producer, groups, trajectories)
+                if self.state.step != self.saved_step:
+                    await self.save()
+            finally:
+                await self.publisher.close()  # only a publish cut off by an error is still pending
         return self.state
 
-    def save(self) -> None:
+    async def _steps(
+        self, stop: asyncio.Event, producer: EventProducer, groups: EventConsumer, trajectories: EventConsumer
+    ) -> None:
+        while not stop.is_set() and (self.max_steps is None or self.state.step < self.max_steps):
+            clock = WaitClock()
+            batch = await self._collect(stop, groups, trajectories, clock)
+            if batch is None:
+                break
+            with _paused(groups, trajectories):  # no prefetching beside the update's threads
+                await self._train(batch, clock.finish(), producer)
+            if self.state.step % self.settings.checkpoint_every == 0:
+                await self.save()
+            self._phase("between")
+
+    async def save(self) -> None:
+        """Checkpoint the end of the last step, once its version is out (`trainer.background_publish`)."""
+        await self.publisher.drain()
+        await on_compute(self._save)
+
+    def _save(self) -> None:
         save_run_checkpoint(
             self.target,
             self.state,
@@ -288,16 +286,18 @@ class RlTrainer:
         self._phase("update", self.state.step + 1)
         # in a worker thread: the loop keeps its heartbeat (a supervisor must not take a long step
         # for a hang) and Kafka's group session; the consumers are paused meanwhile
-        metrics = await asyncio.to_thread(self.backend.rl_step, samples)
+        metrics = await on_compute(self.backend.rl_step, samples)
         self.state.step += 1
         self.state.version += 1
         self.state.offsets = {
             "groups": self.merger.taken_positions(),
             "trajectories": self.buffer.lowest_needed(self.trajectory_positions),
         }
-        publish_started = time.monotonic()
-        await self.publish(producer)
-        publish_s = time.monotonic() - publish_started
+        blocked_from = time.monotonic()
+        await self.publisher.drain()  # the version before is out: in order, one snapshot held
+        self._phase("publish")
+        weights = await on_compute(self._snapshot)
+        publish_s = time.monotonic() - blocked_from
         data = step_payload(
             metrics,
             step=self.state.step,
@@ -306,50 +306,56 @@ class RlTrainer:
             seen=self.seen,
             staleness_mean=staleness.mean,
             staleness_max=staleness.max,
-            times=StepTimes(
-                wait_s=wait.wait_s,
-                wait_groups_s=wait.groups_s,
-                wait_trajectories_s=wait.trajectories_s,
-                wait_cpu_busy=wait.cpu_busy,
-                logprob_s=metrics.logprob_s,
-                update_s=metrics.update_s,
-                comm_s=metrics.comm_s,
-                publish_s=publish_s,
-                total_s=wait.wait_s + metrics.logprob_s + metrics.update_s + publish_s,
-            ),
+            times=step_times(metrics, publish_s, wait),
         )
+        self.seen = Counter()
+        self.publisher.start(self._publish(producer, weights, data))
+        if not self.settings.publish_in_background:
+            await self.publisher.drain()
+
+    def _snapshot(self) -> bytes:
+        """The version's weights file, made on the compute thread (collective under torchrun)."""
+        return version_weights(self.backend.hf_state_dict(), self.target.model_config, self.target.base_dir)
+
+    async def _publish(self, producer: EventProducer, weights: bytes, data: TrainerStep) -> None:
+        """Write and announce the step's version, then send its `trainer.steps` event (in the background)."""
+        started = time.monotonic()
+        await publish_version(
+            producer,
+            self.target,
+            weights,
+            step=data.step,
+            version=data.version,
+            before_rename=functools.partial(self._phase, "publish.rename", data.step, data.version),
+            keep=self.settings.keep_versions,
+        )
+        elapsed, times = time.monotonic() - started, data.times
+        if self.settings.publish_in_background:
+            times = times.model_copy(update={"publish_background_s": elapsed})
+        else:  # on the step's path: part of its time
+            on_path = {"publish_s": times.publish_s + elapsed, "total_s": times.total_s + elapsed}
+            times = times.model_copy(update=on_path)
+        data = data.model_copy(update={"times": times})
         await producer.send("trainer.steps", step_event(self.target.run_id, data, time.time_ns()))
         await producer.flush()
-        self.seen = Counter()
         log.info(
-            "step=%d version=%d loss=%.4f grad_norm=%.4f tokens=%d wait=%.2fs update=%.2fs publish=%.2fs",
+            "step=%d version=%d loss=%.4f grad_norm=%.4f tokens=%d wait=%.2fs update=%.2fs publish=%.2fs "
+            "(background %.2fs)",
             data.step,
             data.version,
             data.loss,
             data.grad_norm,
             data.tokens,
-            wait.wait_s,
-            metrics.logprob_s + metrics.update_s,
-            publish_s,
+            times.wait_s,
+            times.logprob_s + times.update_s,
+            times.publish_s,
+            times.publish_background_s,
         )
 
-    async def publish(self, producer: EventProducer) -> None:
-        """Write the current weights as `state.version`, then announce it on `weights` and history."""
-        self._phase("publish")
-        renaming = functools.partial(self._phase, "publish.rename")
-        await publish_version(
-            producer,
-            self.target,
-            self.backend,
-            self.state,
-            before_rename=renaming,
-            keep=self.settings.keep_versions,
-        )
-
-    def _phase(self, name: str, step: int | None = None) -> None:
-        log.info(
-            "phase=%s step=%d version=%d", name, self.state.step if step is None else step, self.state.version
-        )
+    def _phase(self, name: str, step: int | None = None, version: int | None = None) -> None:
+        step = self.state.step if step is None else step
+        version = self.state.version if version is None else version
+        log.info("phase=%s step=%d version=%d", name, step, version)
         if self.settings.phase_pause_s:
             time.sleep(self.settings.phase_pause_s)
 

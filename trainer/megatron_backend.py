@@ -257,7 +257,7 @@ class MegatronBackend:
         if _global_rank() != 0:
             return {}
         hf = megatron_to_hf(whole, self.config)
-        return {name: t.float().cpu().contiguous() for name, t in hf.items()}
+        return {name: t.to("cpu", torch.float32, copy=True).contiguous() for name, t in hf.items()}
 
     def save_state(self, directory: Path) -> list[dict[str, Any]]:
         """This tensor-parallel rank's shard and optimizer state (first replica only), then every

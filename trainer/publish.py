@@ -15,14 +15,14 @@ version (or step), so a re-publish after a crash is a duplicate consumers drop.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from streams.bus import EventProducer
 from streams.events import Event, make_event
@@ -30,6 +30,9 @@ from streams.payloads import TrainerStep, WeightsPublished
 from trainer.checkpoint import save_version_weights
 from trainer.model import ModelConfig
 from trainer.versions import TEMP_PREFIX, directory_sha256, version_dir
+
+if TYPE_CHECKING:
+    from trainer.loop import RunTarget
 
 SOURCE = "trainer"
 
@@ -60,7 +63,7 @@ def remove_temp_dirs(weights_dir: Path, run_id: str) -> list[Path]:
 
 
 def write_version(
-    tensors: dict[str, torch.Tensor],
+    weights: bytes,
     config: ModelConfig,
     *,
     base_dir: Path,
@@ -70,12 +73,13 @@ def write_version(
     before_rename: Callable[[], None] | None = None,
 ) -> PublishedVersion:
     """Write version `version` of `run_id` (temp dir, checksum, rename); see the module docstring.
-    `before_rename` runs once the temp dir is complete (the loop logs a phase marker there)."""
+    `weights`: its `model.safetensors` (`trainer.checkpoint.version_weights`). `before_rename` runs
+    once the temp dir is complete (the loop logs a phase marker there)."""
     final = version_dir(weights_dir, run_id, version)
     temp = final.with_name(f"{TEMP_PREFIX}{final.name}")
     if temp.exists():
         shutil.rmtree(temp)
-    save_version_weights(tensors, config, base_dir, temp, version)
+    save_version_weights(weights, config, base_dir, temp, version)
     checksum = directory_sha256(temp)
     if before_rename is not None:
         before_rename()
@@ -143,3 +147,32 @@ def trainer_event(
         policy_version=version,
         id_key=f"{run_id}/{topic}",
     )
+
+
+async def publish_version(
+    producer: EventProducer,
+    target: RunTarget,
+    weights: bytes,
+    *,
+    step: int,
+    version: int,
+    before_rename: Callable[[], None] | None = None,
+    keep: int = 0,
+) -> None:
+    """Write `weights` (`version_weights` of a backend's `hf_state_dict`) as `version` of the run, in a
+    worker thread (no torch work there: `trainer.compute_thread`; the
+    loop keeps its heartbeat), then announce it (RL and SFT); with `keep` > 0, only the newest `keep`
+    versions of the run stay on disk (`trainer.keep_versions`)."""
+    published = await asyncio.to_thread(
+        write_version,
+        weights,
+        target.model_config,
+        base_dir=target.base_dir,
+        weights_dir=target.weights_dir,
+        run_id=target.run_id,
+        version=version,
+        before_rename=before_rename,
+    )
+    await announce(producer, target.run_id, published, step)
+    if keep:
+        prune_versions(target.weights_dir, target.run_id, keep)

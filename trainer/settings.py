@@ -96,6 +96,10 @@ class TrainerSettings(BaseModel):
     keep_versions: int = Field(
         default=0, ge=0, description="weight versions of a run kept on disk, newest first; 0 = all"
     )
+    publish_in_background: bool = Field(
+        default=True,
+        description="write versions beside the next step (trainer.background_publish); false: in the step",
+    )
     consumer_group: str = "rollstream-trainer"
     poll_ms: int = Field(default=200, ge=1, description="longest wait for records in one poll")
     trajectory_buffer: int = Field(

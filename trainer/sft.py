@@ -25,14 +25,15 @@ from typing import Any
 
 from streams.bus import EventProducer
 from streams.packed import pack, unpack
-from streams.payloads import StepTimes
 from streams.settings import KafkaSettings, TopicSettings
 from trainer.backends import TrainBackend
-from trainer.loop import RunTarget, TrainerState, publish_version, save_run_checkpoint
-from trainer.publish import step_event
+from trainer.checkpoint import version_weights
+from trainer.compute_thread import on_compute, run_on_compute
+from trainer.loop import RunTarget, TrainerState, save_run_checkpoint
+from trainer.publish import publish_version, step_event
 from trainer.settings import TrainerSettings
 from trainer.step import SftSequence
-from trainer.step_payload import step_payload
+from trainer.step_payload import step_payload, step_times
 
 log = logging.getLogger(__name__)
 SFT_COLUMNS = ("input_ids", "loss_mask")
@@ -142,13 +143,18 @@ class SftTrainer:
         return self.state
 
     async def _step(self, batch: list[SftSequence], producer: EventProducer, *, publish: bool) -> None:
-        metrics = await asyncio.to_thread(self.backend.sft_step, batch)  # the loop keeps beating
+        metrics = await on_compute(self.backend.sft_step, batch)  # the loop keeps beating
         self.state.step += 1
         started = time.monotonic()
         if publish:  # a version per published step; the steps between train on
             self.state.version += 1
             await publish_version(
-                producer, self.target, self.backend, self.state, keep=self.settings.keep_versions
+                producer,
+                self.target,
+                await on_compute(self._weights),
+                step=self.state.step,
+                version=self.state.version,
+                keep=self.settings.keep_versions,
             )
         publish_s = time.monotonic() - started
         data = step_payload(
@@ -159,13 +165,7 @@ class SftTrainer:
             seen=Counter(),
             staleness_mean=0.0,
             staleness_max=0,
-            times=StepTimes(
-                logprob_s=metrics.logprob_s,
-                update_s=metrics.update_s,
-                comm_s=metrics.comm_s,
-                publish_s=publish_s,
-                total_s=metrics.logprob_s + metrics.update_s + publish_s,
-            ),
+            times=step_times(metrics, publish_s),
             mode="sft",
         )
         await producer.send("trainer.steps", step_event(self.target.run_id, data, time.time_ns()))
@@ -175,8 +175,12 @@ class SftTrainer:
             "sft step=%d version=%d loss=%.4f tokens=%d", data.step, data.version, data.loss, data.tokens
         )
 
+    def _weights(self) -> bytes:
+        return version_weights(self.backend.hf_state_dict(), self.target.model_config, self.target.base_dir)
+
     def save(self) -> None:
-        save_run_checkpoint(
+        run_on_compute(
+            save_run_checkpoint,
             self.target,
             self.state,
             self.backend,

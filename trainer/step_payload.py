@@ -9,6 +9,25 @@ from collections.abc import Sequence
 from streams.payloads import StepTimes, TrainerStep
 from trainer.intake import STALE, ZERO_VARIANCE
 from trainer.step import StepMetrics
+from trainer.waits import WaitSplit
+
+NO_WAIT = WaitSplit(wait_s=0.0, groups_s=0.0, trajectories_s=0.0, cpu_busy=None)  # SFT reads no log
+
+
+def step_times(metrics: StepMetrics, publish_s: float, wait: WaitSplit = NO_WAIT) -> StepTimes:
+    """A step's time split: the wait before it, its logprobs and update, and what publishing cost
+    its path (`total_s` is their sum; a version written in the background is not in it)."""
+    return StepTimes(
+        wait_s=wait.wait_s,
+        wait_groups_s=wait.groups_s,
+        wait_trajectories_s=wait.trajectories_s,
+        wait_cpu_busy=wait.cpu_busy,
+        logprob_s=metrics.logprob_s,
+        update_s=metrics.update_s,
+        comm_s=metrics.comm_s,
+        publish_s=publish_s,
+        total_s=wait.wait_s + metrics.logprob_s + metrics.update_s + publish_s,
+    )
 
 
 def step_payload(

@@ -39,6 +39,7 @@ from streams.heartbeat import mark_rank_start, start_heartbeat
 from trainer.backends import TorchBackend, TrainBackend
 from trainer.checkpoint import load_model
 from trainer.checkpoint import read_config as read_model_config
+from trainer.compute_thread import on_compute, run_on_compute
 from trainer.distributed import World, close_world, exit_finished_rank, init_world, wake_peers
 from trainer.loop import RlTrainer, RunTarget, TrainerState
 from trainer.publish import remove_temp_dirs, run_weights_dir
@@ -154,11 +155,13 @@ def _train(cfg: Config, world: World, args: TrainArgs) -> None:
     if world.leader:
         for path in remove_temp_dirs(target.weights_dir, args.run):
             console.print(f"removed {path} (a version half-written when the trainer was killed)")
-    backend = make_backend(cfg, target, lr=cfg.trainer.sft_lr if sft else cfg.trainer.lr, world=world)
+    # every torch op of this process on one thread (trainer.compute_thread: measured 2x per step)
+    lr = cfg.trainer.sft_lr if sft else cfg.trainer.lr
+    backend = run_on_compute(make_backend, cfg, target, lr=lr, world=world)
     state = TrainerState(version=read_model_config(target.base_dir).weight_version, step=0)
     if resumed is not None:
         try:
-            restore_backend(resumed, target.checkpoint, backend, world.size)
+            run_on_compute(restore_backend, resumed, target.checkpoint, backend, world.size)
         except CheckpointError as error:
             fail(str(error))
         state = TrainerState(resumed.version, resumed.step, resumed.offsets, set(resumed.taken_groups))
@@ -282,4 +285,4 @@ async def _follow_until_stop(backend: TrainBackend, world: World, pause_s: float
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: None)
     start_heartbeat()
-    return await asyncio.to_thread(follow, backend, Channel(world), pause_s)
+    return await on_compute(follow, backend, Channel(world), pause_s)
