@@ -111,7 +111,7 @@ class TorchBackend:
             return {}
         if self.lora:
             return merge_lora_state(state, self.settings.lora.alpha / self.settings.lora.rank)
-        return {name: _fp32_copy(t) for name, t in state.items()}
+        return {name: fp32_copy(t) for name, t in state.items()}
 
     def _full_state(self) -> dict[str, torch.Tensor] | None:
         if self.ranks.size == 1:
@@ -199,5 +199,6 @@ def restore_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def _fp32_copy(tensor: torch.Tensor) -> torch.Tensor:
+def fp32_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """What `hf_state_dict` hands out: fp32, CPU, contiguous, and never the live parameter."""
     return tensor.detach().to("cpu", torch.float32, copy=True).contiguous()

@@ -42,8 +42,8 @@ class BackgroundPublisher:
     async def close(self) -> None:
         """Cancel a pending publish (the trainer is leaving on an error) and wait for it to stop."""
         pending, self._pending = self._pending, None
-        if pending is not None and not pending.done():
-            pending.cancel()
-        if pending is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pending
+        if pending is None:
+            return
+        pending.cancel()  # a no-op once it has finished
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await pending

@@ -178,7 +178,7 @@ def save_model(model: PolicyModel, path: Path, weight_version: int) -> None:
 
 def save_version(model: PolicyModel, base_dir: Path, out_dir: Path, weight_version: int) -> Path:
     """A complete model directory for a new weight version (what `/update_weights_from_disk` loads)."""
-    weights = weights_file(model.state_dict(), model.config, read_config(base_dir).dtype)
+    weights = version_weights(model.state_dict(), model.config, base_dir)
     return save_version_weights(weights, model.config, base_dir, out_dir, weight_version)
 
 

@@ -117,6 +117,12 @@ def save_run_checkpoint(
     )
 
 
+def version_file(backend: TrainBackend, target: RunTarget) -> bytes:
+    """The `model.safetensors` of the backend's weights as a new version of the run (RL and SFT):
+    torch work, so it runs on the compute thread; collective under torchrun."""
+    return version_weights(backend.hf_state_dict(), target.model_config, target.base_dir)
+
+
 class RlTrainer:
     """`await trainer.run(stop)`: train until `max_steps` (total) or `stop` is set."""
 
@@ -284,7 +290,7 @@ class RlTrainer:
         samples = batch.samples
         staleness = batch_staleness(samples, self.state.version)
         self._phase("update", self.state.step + 1)
-        # in a worker thread: the loop keeps its heartbeat (a supervisor must not take a long step
+        # on the compute thread: the loop keeps its heartbeat (a supervisor must not take a long step
         # for a hang) and Kafka's group session; the consumers are paused meanwhile
         metrics = await on_compute(self.backend.rl_step, samples)
         self.state.step += 1
@@ -296,7 +302,7 @@ class RlTrainer:
         blocked_from = time.monotonic()
         await self.publisher.drain()  # the version before is out: in order, one snapshot held
         self._phase("publish")
-        weights = await on_compute(self._snapshot)
+        weights = await on_compute(version_file, self.backend, self.target)
         publish_s = time.monotonic() - blocked_from
         data = step_payload(
             metrics,
@@ -312,10 +318,6 @@ class RlTrainer:
         self.publisher.start(self._publish(producer, weights, data))
         if not self.settings.publish_in_background:
             await self.publisher.drain()
-
-    def _snapshot(self) -> bytes:
-        """The version's weights file, made on the compute thread (collective under torchrun)."""
-        return version_weights(self.backend.hf_state_dict(), self.target.model_config, self.target.base_dir)
 
     async def _publish(self, producer: EventProducer, weights: bytes, data: TrainerStep) -> None:
         """Write and announce the step's version, then send its `trainer.steps` event (in the background)."""

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.backends import restore_rng_states, rng_states, seed_everything
+from trainer.backends import fp32_copy, restore_rng_states, rng_states, seed_everything
 from trainer.batch import TrainSample
 from trainer.distributed import World
 from trainer.megatron_convert import EXTRA_STATE_SUFFIX, check_supported, hf_to_megatron, megatron_to_hf
@@ -257,7 +257,7 @@ class MegatronBackend:
         if _global_rank() != 0:
             return {}
         hf = megatron_to_hf(whole, self.config)
-        return {name: t.to("cpu", torch.float32, copy=True).contiguous() for name, t in hf.items()}
+        return {name: fp32_copy(t) for name, t in hf.items()}
 
     def save_state(self, directory: Path) -> list[dict[str, Any]]:
         """This tensor-parallel rank's shard and optimizer state (first replica only), then every

@@ -159,10 +159,10 @@ async def publish_version(
     before_rename: Callable[[], None] | None = None,
     keep: int = 0,
 ) -> None:
-    """Write `weights` (`version_weights` of a backend's `hf_state_dict`) as `version` of the run, in a
-    worker thread (no torch work there: `trainer.compute_thread`; the
-    loop keeps its heartbeat), then announce it (RL and SFT); with `keep` > 0, only the newest `keep`
-    versions of the run stay on disk (`trainer.keep_versions`)."""
+    """Write `weights` (`trainer.loop.version_file`) as `version` of the run in a worker thread (no
+    torch work there, see `trainer.compute_thread`; the loop keeps its heartbeat), then announce it
+    (RL and SFT); with `keep` > 0, only the newest `keep` versions of the run stay on disk
+    (`trainer.keep_versions`)."""
     published = await asyncio.to_thread(
         write_version,
         weights,

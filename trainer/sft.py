@@ -27,9 +27,8 @@ from streams.bus import EventProducer
 from streams.packed import pack, unpack
 from streams.settings import KafkaSettings, TopicSettings
 from trainer.backends import TrainBackend
-from trainer.checkpoint import version_weights
 from trainer.compute_thread import on_compute, run_on_compute
-from trainer.loop import RunTarget, TrainerState, save_run_checkpoint
+from trainer.loop import RunTarget, TrainerState, save_run_checkpoint, version_file
 from trainer.publish import publish_version, step_event
 from trainer.settings import TrainerSettings
 from trainer.step import SftSequence
@@ -151,7 +150,7 @@ class SftTrainer:
             await publish_version(
                 producer,
                 self.target,
-                await on_compute(self._weights),
+                await on_compute(version_file, self.backend, self.target),
                 step=self.state.step,
                 version=self.state.version,
                 keep=self.settings.keep_versions,
@@ -174,9 +173,6 @@ class SftTrainer:
         log.info(
             "sft step=%d version=%d loss=%.4f tokens=%d", data.step, data.version, data.loss, data.tokens
         )
-
-    def _weights(self) -> bytes:
-        return version_weights(self.backend.hf_state_dict(), self.target.model_config, self.target.base_dir)
 
     def save(self) -> None:
         run_on_compute(
