@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -25,6 +28,7 @@ import aiohttp
 CHROMIUM = "chromium"
 START_TIMEOUT_S = 30.0
 CALL_TIMEOUT_S = 30.0
+GROUP_EXIT_TIMEOUT_S = 5.0  # Chromium's helpers, killed, gone before the profile is removed
 WIDTH = 1100
 
 READ_PAGE_JS = """
@@ -71,17 +75,32 @@ def inspect_page(page: Path, screenshot: Path) -> PageView:
             f"--window-size={WIDTH},900",
             "about:blank",
         ]
-        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # its own process group: Chromium's helpers (crashpad, renderers) outlive the browser
+        # process and kept writing into the profile while it was removed ("Directory not empty")
+        process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         try:
             port = _devtools_port(Path(profile), process)
             return asyncio.run(_drive(port, page.resolve().as_uri(), screenshot))
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            _stop_group(process)
+
+
+def _stop_group(process: subprocess.Popen[bytes]) -> None:
+    """Stop the browser, then every process left in its group, before its profile is removed."""
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    deadline = time.monotonic() + GROUP_EXIT_TIMEOUT_S
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+        while time.monotonic() < deadline:
+            os.killpg(process.pid, 0)  # raises once the group is gone
+            time.sleep(0.05)
 
 
 def _devtools_port(profile: Path, process: subprocess.Popen[bytes]) -> int:
