@@ -9,13 +9,15 @@ speaks Hugging Face parameter names at its edges, so versions load in any engine
         state_kind: str                                           # what its saved state fits
         def rl_step(self, samples: Sequence[TrainSample]) -> StepMetrics: ...
         def sft_step(self, sequences: Sequence[SftSequence]) -> StepMetrics: ...
-        def hf_state_dict(self) -> dict[str, torch.Tensor]: ...   # fp32 CPU copy, HF names; rank 0
+        def hf_state_dict(self, copy=True) -> dict[str, torch.Tensor]: ...  # fp32 CPU, HF names; rank 0
         def save_state(self, directory: Path) -> list[dict]: ...  # model + optimizer; RNG per rank
         def load_state(self, directory: Path, rng: Sequence[dict]) -> None: ...
 
 Under torchrun every rank calls each of these together (they are collective): rank 0
 through `trainer.rank_group.LeaderBackend`, the others in `trainer.rank_group.follow`.
-`hf_state_dict` gathers the whole model on rank 0 (the other ranks get {}).
+`hf_state_dict` gathers the whole model on rank 0 (the other ranks get {}); with `copy=False`
+a backend may hand out its live tensors, for a caller that has copied them before the next step
+(a version laid out in `trainer.weights_stage`).
 
 `TorchBackend` at world 1 is one plain module; at world N it is FSDP2-sharded
 (`trainer.distributed.shard_model`) and steps split each batch across the ranks
@@ -50,7 +52,7 @@ class TrainBackend(Protocol):
     def state_kind(self) -> str: ...
     def rl_step(self, samples: Sequence[TrainSample]) -> StepMetrics: ...
     def sft_step(self, sequences: Sequence[SftSequence]) -> StepMetrics: ...
-    def hf_state_dict(self) -> dict[str, torch.Tensor]: ...
+    def hf_state_dict(self, copy: bool = True) -> dict[str, torch.Tensor]: ...
     def save_state(self, directory: Path) -> list[dict[str, Any]]: ...
     def load_state(self, directory: Path, rng: Sequence[dict[str, Any]]) -> None: ...
 
@@ -102,15 +104,17 @@ class TorchBackend:
     def sft_step(self, sequences: Sequence[SftSequence]) -> StepMetrics:
         return sft_step(self.model, self.optimizer, sequences, self.settings, self.device, self.ranks)
 
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+    def hf_state_dict(self, copy: bool = True) -> dict[str, torch.Tensor]:
         """fp32 CPU weights under HF names, adapters merged; at world N gathered on rank 0 ({} elsewhere).
-        A copy: the trainer writes it while the next step updates the model (under LoRA the merged
-        weights are new tensors and the rest is the frozen base)."""
+        A copy, unless `copy=False`: then the live parameters where they are fp32 on the CPU (under
+        LoRA the merged weights are new tensors and the rest is the frozen base either way)."""
         state = self._full_state()
         if state is None:
             return {}
         if self.lora:
             return merge_lora_state(state, self.settings.lora.alpha / self.settings.lora.rank)
+        if not copy:
+            return {name: t.detach().to("cpu", torch.float32) for name, t in state.items()}
         return {name: fp32_copy(t) for name, t in state.items()}
 
     def _full_state(self) -> dict[str, torch.Tensor] | None:

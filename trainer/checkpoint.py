@@ -33,12 +33,12 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save as safetensors_bytes
 
 from trainer.hf_config import UnsupportedModelError, model_config_from_hf, stored_dtype
 from trainer.model import ModelConfig, PolicyModel, build_model
 from trainer.settings import ModelSettings
 from trainer.tokenizer import ENDOFTEXT, IM_END, save_tokenizer, special_token_ids, train_tokenizer
+from trainer.weights_stage import WeightsStage, file_size, lay_out, write_direct
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -54,6 +54,7 @@ CHAT_TEMPLATE = (
     "{% endif %}"
 )
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+WEIGHTS_METADATA = {"format": "pt"}  # what transformers checks for in a safetensors header
 # Keys some checkpoints carry that are not parameters (recomputed from the config).
 IGNORED_KEYS = ("rotary_emb.inv_freq",)
 
@@ -144,13 +145,15 @@ def weights_file(tensors: Mapping[str, torch.Tensor], config: ModelConfig, dtype
     """The `model.safetensors` of HF-named tensors in `dtype` (a tied output layer left out), in
     memory: this is the torch work of a save, so a trainer makes it on its compute thread
     (`trainer.compute_thread`) and a writer thread only writes the bytes."""
-    target = TORCH_DTYPES[dtype]
-    out = {
-        name: t.detach().to(device="cpu", dtype=target).contiguous()
-        for name, t in tensors.items()
-        if not (config.tie_word_embeddings and name == "lm_head.weight")
-    }
-    return safetensors_bytes(out, metadata={"format": "pt"})
+    kept = file_tensors(tensors, config)
+    buffer = bytearray(file_size(kept, TORCH_DTYPES[dtype], WEIGHTS_METADATA))
+    lay_out(memoryview(buffer), kept, TORCH_DTYPES[dtype], WEIGHTS_METADATA)
+    return bytes(buffer)
+
+
+def file_tensors(tensors: Mapping[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """What a `model.safetensors` holds: every tensor but a tied output layer."""
+    return {n: t for n, t in tensors.items() if not (config.tie_word_embeddings and n == "lm_head.weight")}
 
 
 def save_weights(
@@ -160,11 +163,11 @@ def save_weights(
     write_weights_file(weights_file(tensors, config, dtype), path)
 
 
-def write_weights_file(data: bytes, path: Path) -> None:
+def write_weights_file(data: bytes | memoryview, path: Path) -> None:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     temp = path / (WEIGHTS_FILE + ".tmp")
-    temp.write_bytes(data)
+    write_direct(temp, data)
     os.replace(temp, path / WEIGHTS_FILE)
 
 
@@ -183,7 +186,7 @@ def save_version(model: PolicyModel, base_dir: Path, out_dir: Path, weight_versi
 
 
 def save_version_weights(
-    weights: bytes,
+    weights: bytes | memoryview,
     config: ModelConfig,
     base_dir: Path,
     out_dir: Path,
@@ -207,6 +210,14 @@ def save_version_weights(
 def version_weights(tensors: Mapping[str, torch.Tensor], config: ModelConfig, base_dir: Path) -> bytes:
     """The `weights_file` of a new version of `base_dir`: in the base's dtype."""
     return weights_file(tensors, config, read_config(base_dir).dtype)
+
+
+def stage_version_weights(
+    stage: WeightsStage, tensors: Mapping[str, torch.Tensor], config: ModelConfig, base_dir: Path
+) -> memoryview:
+    """`version_weights` laid out in `stage`'s buffer (the same bytes): valid until its next use."""
+    dtype = TORCH_DTYPES[read_config(base_dir).dtype]
+    return stage.stage(file_tensors(tensors, config), dtype, WEIGHTS_METADATA)
 
 
 def _is_weights_or_config(name: str) -> bool:

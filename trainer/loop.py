@@ -58,7 +58,7 @@ from streams.topics import partitions, topic_name
 from trainer.backends import TrainBackend
 from trainer.background_publish import BackgroundPublisher
 from trainer.batch import GroupMismatchError, KeptGroup, StepBatch, samples_of
-from trainer.checkpoint import version_weights
+from trainer.checkpoint import stage_version_weights
 from trainer.compute_thread import on_compute
 from trainer.intake import TRAIN, TrajectoryBuffer, batch_staleness, judge_group
 from trainer.model import ModelConfig
@@ -68,6 +68,7 @@ from trainer.resume import Checkpoint, fresh_state_dir, save_checkpoint
 from trainer.settings import TrainerSettings
 from trainer.step_payload import step_payload, step_times
 from trainer.waits import WaitClock, WaitSplit
+from trainer.weights_stage import WeightsStage
 
 log = logging.getLogger(__name__)
 WAIT_LOG_S = 30.0  # how often a wait for missing member trajectories is reported
@@ -117,10 +118,12 @@ def save_run_checkpoint(
     )
 
 
-def version_file(backend: TrainBackend, target: RunTarget) -> bytes:
-    """The `model.safetensors` of the backend's weights as a new version of the run (RL and SFT):
-    torch work, so it runs on the compute thread; collective under torchrun."""
-    return version_weights(backend.hf_state_dict(), target.model_config, target.base_dir)
+def version_file(backend: TrainBackend, target: RunTarget, stage: WeightsStage) -> memoryview:
+    """The `model.safetensors` of the backend's weights as a new version of the run (RL and SFT), laid
+    out in `stage` (valid until its next use): torch work, so it runs on the compute thread;
+    collective under torchrun."""
+    tensors = backend.hf_state_dict(copy=False)  # copied into the stage before the next step
+    return stage_version_weights(stage, tensors, target.model_config, target.base_dir)
 
 
 class RlTrainer:
@@ -152,6 +155,7 @@ class RlTrainer:
         self.seen: Counter[str] = Counter()  # verdicts since the last step
         self.saved_step = state.step
         self.publisher = BackgroundPublisher()
+        self.stage = WeightsStage()  # each version laid out here; free again once it is drained
 
     async def run(self, stop: asyncio.Event) -> TrainerState:
         if self.max_steps is not None and self.state.step >= self.max_steps:
@@ -302,7 +306,7 @@ class RlTrainer:
         blocked_from = time.monotonic()
         await self.publisher.drain()  # the version before is out: in order, one snapshot held
         self._phase("publish")
-        weights = await on_compute(version_file, self.backend, self.target)
+        weights = await on_compute(version_file, self.backend, self.target, self.stage)
         publish_s = time.monotonic() - blocked_from
         data = step_payload(
             metrics,
@@ -319,7 +323,7 @@ class RlTrainer:
         if not self.settings.publish_in_background:
             await self.publisher.drain()
 
-    async def _publish(self, producer: EventProducer, weights: bytes, data: TrainerStep) -> None:
+    async def _publish(self, producer: EventProducer, weights: memoryview, data: TrainerStep) -> None:
         """Write and announce the step's version, then send its `trainer.steps` event (in the background)."""
         started = time.monotonic()
         await publish_version(

@@ -248,9 +248,9 @@ class MegatronBackend:
     def sft_step(self, sequences: Sequence[SftSequence]) -> StepMetrics:
         return sft_step(self.model, self.optimizer, sequences, self.settings, self.device, self.ranks)
 
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+    def hf_state_dict(self, copy: bool = True) -> dict[str, torch.Tensor]:
         """The whole model in the HF layout on global rank 0 ({} on the others): every rank gathers
-        its tensor-parallel group's shards (collective)."""
+        its tensor-parallel group's shards (collective). Always new tensors (`copy` is moot)."""
         local = {k: t.detach() for k, t in self.model.gpt.state_dict().items() if torch.is_tensor(t)}
         local = {k: t for k, t in local.items() if not k.endswith(EXTRA_STATE_SUFFIX)}
         whole = {name: tp_join(name, self.ranks.tp_pieces(name, tensor)) for name, tensor in local.items()}

@@ -2,7 +2,8 @@
 
 `write_version` writes a complete Hugging Face directory into a temp directory
 under `<weights_dir>/<run>/` (the base model's tokenizer and side files, the new
-weights), checksums it (`trainer.versions.directory_sha256`) and renames it to
+weights), checksums it (`trainer.versions.directory_sha256`, the weights hashed from memory, not
+read back) and renames it to
 `version_dir(weights_dir, run, version)`, so an engine sees a whole version or
 none. A version that already exists with the same checksum (a trainer re-doing a
 step after a crash) is kept as it is; one with another checksum is an error, since
@@ -16,6 +17,7 @@ version (or step), so a re-publish after a crash is a duplicate consumers drop.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import shutil
 import time
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING
 from streams.bus import EventProducer
 from streams.events import Event, make_event
 from streams.payloads import TrainerStep, WeightsPublished
-from trainer.checkpoint import save_version_weights
+from trainer.checkpoint import WEIGHTS_FILE, save_version_weights
 from trainer.model import ModelConfig
 from trainer.versions import TEMP_PREFIX, directory_sha256, version_dir
 
@@ -63,7 +65,7 @@ def remove_temp_dirs(weights_dir: Path, run_id: str) -> list[Path]:
 
 
 def write_version(
-    weights: bytes,
+    weights: bytes | memoryview,
     config: ModelConfig,
     *,
     base_dir: Path,
@@ -80,7 +82,7 @@ def write_version(
     if temp.exists():
         shutil.rmtree(temp)
     save_version_weights(weights, config, base_dir, temp, version)
-    checksum = directory_sha256(temp)
+    checksum = directory_sha256(temp, known={WEIGHTS_FILE: hashlib.sha256(weights).hexdigest()})
     if before_rename is not None:
         before_rename()
     if final.exists():
@@ -152,7 +154,7 @@ def trainer_event(
 async def publish_version(
     producer: EventProducer,
     target: RunTarget,
-    weights: bytes,
+    weights: bytes | memoryview,
     *,
     step: int,
     version: int,

@@ -101,8 +101,8 @@ class LeaderBackend:
         command = Command("sft_step", self.step, tuple(sequences))
         return self._run(command, lambda: self.inner.sft_step(sequences))
 
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        return self._run(Command("gather", self.step), self.inner.hf_state_dict)
+    def hf_state_dict(self, copy: bool = True) -> dict[str, torch.Tensor]:
+        return self._run(Command("gather", self.step), lambda: self.inner.hf_state_dict(copy=copy))
 
     def save_state(self, directory: Path) -> list[dict[str, Any]]:
         command = Command("save", self.step, path=str(directory))

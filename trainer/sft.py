@@ -33,6 +33,7 @@ from trainer.publish import publish_version, step_event
 from trainer.settings import TrainerSettings
 from trainer.step import SftSequence
 from trainer.step_payload import step_payload, step_times
+from trainer.weights_stage import WeightsStage
 
 log = logging.getLogger(__name__)
 SFT_COLUMNS = ("input_ids", "loss_mask")
@@ -125,6 +126,7 @@ class SftTrainer:
         self.kafka, self.topics, self.settings = kafka, topics, settings
         self.target, self.backend, self.state, self.position = target, backend, state, position
         self.losses: list[float] = []
+        self.stage = WeightsStage()  # publishes are awaited in the step: one version at a time
 
     async def run(self, sequences: list[SftSequence], epochs: int, stop: asyncio.Event) -> TrainerState:
         async with EventProducer(self.kafka, self.topics) as producer:
@@ -150,7 +152,7 @@ class SftTrainer:
             await publish_version(
                 producer,
                 self.target,
-                await on_compute(version_file, self.backend, self.target),
+                await on_compute(version_file, self.backend, self.target, self.stage),
                 step=self.state.step,
                 version=self.state.version,
                 keep=self.settings.keep_versions,

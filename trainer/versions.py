@@ -10,6 +10,7 @@ order, so trainers and engines (which verify before loading) compute the same.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from pathlib import Path
 
 TEMP_PREFIX = ".tmp-"
@@ -28,15 +29,17 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def directory_sha256(path: Path) -> str:
-    """The checksum of a model directory (files only, temp files excluded)."""
+def directory_sha256(path: Path, known: Mapping[str, str] | None = None) -> str:
+    """The checksum of a model directory (files only, temp files excluded). `known`: the sha256 of
+    files by relative path, where the writer hashed the bytes it wrote (not read back)."""
+    known = known or {}
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a directory")
     digest = hashlib.sha256()
     for file in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.endswith(".tmp")):
         relative = file.relative_to(root).as_posix()
-        digest.update(f"{relative}\0{file_sha256(file)}\n".encode())
+        digest.update(f"{relative}\0{known.get(relative) or file_sha256(file)}\n".encode())
     return digest.hexdigest()
 
 
