@@ -53,7 +53,7 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 def merge_lora_state(state: Mapping[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
     """A LoRA-wrapped model's full state dict (base weights under `.base_layer.`, adapters as
     `.lora_A/B.default.weight`) as plain HF weights: W + (B @ A) * scaling, as peft's
-    `get_delta_weight` computes it, fp32 on CPU. `scaling` = alpha / rank."""
+    `get_delta_weight` computes it (up to rounding: fused here), fp32 on CPU. `scaling` = alpha / rank."""
     merged: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
         if ".lora_" not in name:
@@ -62,9 +62,9 @@ def merge_lora_state(state: Mapping[str, torch.Tensor], scaling: float) -> dict[
     for name, lora_a in state.items():
         if name.endswith(suffix):
             module = name[: -len(suffix)]
-            lora_b = state[f"{module}.lora_B.{ADAPTER}.weight"]
-            delta = (lora_b.detach().float().cpu() @ lora_a.detach().float().cpu()) * scaling
-            merged[f"{module}.weight"] = merged[f"{module}.weight"] + delta
+            lora_b = state[f"{module}.lora_B.{ADAPTER}.weight"].detach().float().cpu()
+            base, a = merged[f"{module}.weight"], lora_a.detach().float().cpu()
+            merged[f"{module}.weight"] = torch.addmm(base, lora_b, a, alpha=scaling)  # one new tensor
     return {name: t.contiguous() for name, t in merged.items()}
 
 
